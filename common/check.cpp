@@ -1,0 +1,76 @@
+#include "check.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "reference.h"
+
+namespace fa {
+
+bool CheckReport::pass() const {
+  for (const auto& c : items)
+    if (!c.pass) return false;
+  return !items.empty();
+}
+
+std::string CheckReport::summary() const {
+  std::ostringstream s;
+  for (const auto& c : items) s << c.summary() << "\n";
+  return s.str();
+}
+
+const Comparison& CheckReport::at(const std::string& name) const {
+  for (const auto& c : items)
+    if (c.name == name) return c;
+  throw std::out_of_range("no comparison named " + name);
+}
+
+namespace {
+Shape4 q_shape(const Problem& p) { return {p.batch, p.heads, p.seq_q, p.head_dim}; }
+Shape4 kv_shape(const Problem& p) { return {p.batch, p.kv_heads, p.seq_k, p.head_dim}; }
+Shape4 l_shape(const Problem& p) { return {p.batch, p.heads, p.seq_q, 1}; }
+}  // namespace
+
+CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t) {
+  const Reference exact = reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
+  const Reference base =
+      reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), baseline_mode(dtype));
+  CheckReport r;
+  r.items.push_back(compare("O", t.O.data(), exact.O, q_shape(p), tolerance(exact.O, base.O, dtype)));
+  // L is always fp32, and its error is a sum of rounding in m and log(l); the baseline's
+  // L error in the stage's precision is the right budget for it too.
+  r.items.push_back(compare("L", t.L.data(), exact.L, l_shape(p), tolerance(exact.L, base.L, dtype)));
+  return r;
+}
+
+CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t) {
+  const Reference exact =
+      reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+  const Reference base = reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(),
+                                            baseline_mode(dtype));
+  CheckReport r;
+  r.items.push_back(compare("dQ", t.dQ.data(), exact.dQ, q_shape(p), tolerance(exact.dQ, base.dQ, dtype)));
+  r.items.push_back(compare("dK", t.dK.data(), exact.dK, kv_shape(p), tolerance(exact.dK, base.dK, dtype)));
+  r.items.push_back(compare("dV", t.dV.data(), exact.dV, kv_shape(p), tolerance(exact.dV, base.dV, dtype)));
+  return r;
+}
+
+CheckReport check_forward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
+  t.poison_outputs();
+  stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
+  return compare_forward(p, dtype, t);
+}
+
+CheckReport check_backward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
+  if (!stage.has_backward())
+    throw std::invalid_argument(stage.name + ": this stage has no backward pass");
+  t.poison_outputs();
+  stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
+  stage.backward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(),
+                 t.dO.data(), t.dQ.data(), t.dK.data(), t.dV.data());
+  CheckReport r = compare_forward(p, dtype, t);
+  for (auto& c : compare_backward(p, dtype, t).items) r.items.push_back(c);
+  return r;
+}
+
+}  // namespace fa

@@ -1,0 +1,80 @@
+/// \file cuda_utils.h
+/// \brief CUDA plumbing shared by the GPU stages (07–09): checked calls, device buffers,
+/// dtype conversion, host-buffer adapters, event timing and launch reports.
+///
+/// Nothing here knows attention; a GPU stage provides its device entry point
+/// (`ForwardDeviceFn`) and gets the host-buffer version, the benchmark and the C ABI's
+/// device path from these adapters.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stage.h"
+
+namespace fa {
+
+/// Throws std::runtime_error naming the call, file and line when `err` is not cudaSuccess.
+void cuda_check(cudaError_t err, const char* expr, const char* file, int line);
+#define FA_CUDA_CHECK(expr) ::fa::cuda_check((expr), #expr, __FILE__, __LINE__)
+/// After a launch: reports a bad launch configuration (cudaGetLastError) by kernel name.
+#define FA_CHECK_LAUNCH(name) ::fa::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
+
+/// Bytes of one element of `t` on the device (4, 2, 2).
+size_t dtype_size(Dtype t);
+
+/// An owning device allocation of `bytes` bytes; an allocation that does not fit is
+/// refused with the size it needed.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, const std::string& what);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Copies `n` host floats to `dev`, converting to `t` on the device.
+void upload(Dtype t, const float* host, void* dev, int64_t n, cudaStream_t stream);
+/// Copies `n` elements of type `t` from `dev` to host floats.
+void download(Dtype t, const void* dev, float* host, int64_t n, cudaStream_t stream);
+/// Fills `n` elements of type `t` with reproducible pseudo-random N(0,1)-like values.
+void fill_random(Dtype t, void* dev, int64_t n, uint64_t seed, cudaStream_t stream);
+
+/// The host-buffer forward of a GPU stage, built from its device forward: upload Q, K, V
+/// in `dtype`, run, download O and L. Throws when no GPU is present.
+ForwardFn host_forward_via_device(ForwardDeviceFn fwd);
+/// The host-buffer backward of a GPU stage, built from its device backward.
+BackwardFn host_backward_via_device(BackwardDeviceFn bwd);
+
+/// Median milliseconds of `fwd` over `repeats` launches after warm-up, timed with CUDA
+/// events on random inputs. Several input sets are rotated so that together they are
+/// larger than the L2 cache and no launch finds its inputs there.
+BenchFn bench_forward_on_device(ForwardDeviceFn fwd);
+/// Same for a backward (inputs O, L come from a forward run with `fwd`).
+BenchFn bench_backward_on_device(ForwardDeviceFn fwd, BackwardDeviceFn bwd);
+
+/// The launch facts a stage prints: grid, block, dynamic shared memory, registers per
+/// thread (cudaFuncGetAttributes), and theoretical occupancy (the occupancy API), as
+/// "key: value" rows for the driver's table.
+std::vector<std::pair<std::string, std::string>> describe_launch(const void* kernel, dim3 grid,
+                                                                 dim3 block, size_t dynamic_smem);
+
+/// Throws std::runtime_error("<who>: no CUDA device ...") when no GPU is usable.
+void require_gpu(const std::string& who);
+
+}  // namespace fa

@@ -1,0 +1,70 @@
+/* \file fa_c.h
+ * \brief The C ABI over every stage: for Python (ctypes), notebooks and side-by-side benchmarks.
+ *
+ * Stages are named by folder name ("05_one_pass_fused") or a unique prefix ("05").
+ * Every call returns 0 on success, or a non-zero code with a message from fa_last_error()
+ * (thread-local). Nothing throws across this boundary. This is a stable contract: extend
+ * it, never change or remove what is here.
+ */
+#ifndef FA_C_H
+#define FA_C_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fa_problem {
+  int32_t batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  int32_t causal; /* 0 or 1 */
+  float scale;    /* 0 means 1/sqrt(head_dim) */
+} fa_problem;
+
+typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
+
+/* Error codes. */
+enum { FA_OK = 0, FA_ERR_INVALID = 1, FA_ERR_UNSUPPORTED = 2, FA_ERR_RUNTIME = 3 };
+
+int fa_stage_count(void);
+const char* fa_stage_name(int index); /* NULL when index is out of range */
+int fa_stage_has_backward(const char* stage); /* 1, 0, or -1 for an unknown stage */
+int fa_stage_is_gpu(const char* stage);       /* 1, 0, or -1 for an unknown stage */
+const char* fa_last_error(void);
+
+/* Host buffers, fp32, layouts of DESIGN §3. GPU stages accept these too (they copy). */
+int fa_forward(const char* stage, const fa_problem* p, const float* Q, const float* K,
+               const float* V, float* O, float* L);
+int fa_backward(const char* stage, const fa_problem* p, const float* Q, const float* K,
+                const float* V, const float* O, const float* L, const float* dO, float* dQ,
+                float* dK, float* dV);
+
+/* Device buffers, for GPU stages, in any dtype the stage supports (L is always fp32);
+   `stream` is a cudaStream_t or NULL. */
+int fa_forward_device(const char* stage, const fa_problem* p, fa_dtype dtype, const void* Q,
+                      const void* K, const void* V, void* O, float* L, void* stream);
+int fa_backward_device(const char* stage, const fa_problem* p, fa_dtype dtype, const void* Q,
+                       const void* K, const void* V, const void* O, const float* L,
+                       const void* dO, void* dQ, void* dK, void* dV, void* stream);
+
+/* Extensions (added after the first version of this contract). */
+
+/* Host buffers in fp32 for a GPU stage that computes in `dtype` (inputs are rounded to
+   it on the device; O comes back rounded through it). */
+int fa_forward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, const float* Q,
+                     const float* K, const float* V, float* O, float* L);
+int fa_backward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, const float* Q,
+                      const float* K, const float* V, const float* O, const float* L,
+                      const float* dO, float* dQ, float* dK, float* dV);
+
+/* Stage-specific settings by name (e.g. stage 06: "block_q", "block_k", "sram_bytes",
+   "threads", "count_traffic"); value 0 restores the default. */
+int fa_set_option(const char* stage, const char* name, int64_t value);
+/* Stage-specific counters by name (e.g. stage 06: "reads", "writes" of the last run). */
+int fa_get_counter(const char* stage, const char* name, int64_t* value);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA_C_H */

@@ -1,0 +1,66 @@
+#include "problem.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace fa {
+
+const char* dtype_name(Dtype t) {
+  switch (t) {
+    case Dtype::F32: return "f32";
+    case Dtype::F16: return "f16";
+    case Dtype::BF16: return "bf16";
+  }
+  return "?";
+}
+
+Dtype parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "fp32") return Dtype::F32;
+  if (s == "f16" || s == "fp16") return Dtype::F16;
+  if (s == "bf16") return Dtype::BF16;
+  throw std::invalid_argument("dtype '" + s + "' is not one of f32, f16, bf16");
+}
+
+void Problem::validate(const std::string& who) const {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(who + ": " + what); };
+  auto at_least = [&](const char* name, long value, long min) {
+    if (value < min)
+      fail(std::string(name) + " = " + std::to_string(value) + " is not allowed (must be >= " +
+           std::to_string(min) + ")");
+  };
+  at_least("batch", batch, 1);
+  at_least("heads", heads, 1);
+  at_least("kv_heads", kv_heads, 1);
+  at_least("seq_q", seq_q, 0);  // empty sequences are valid
+  at_least("seq_k", seq_k, 0);
+  at_least("head_dim", head_dim, 1);
+  if (heads % kv_heads != 0)
+    fail("heads = " + std::to_string(heads) + " is not a multiple of kv_heads = " +
+         std::to_string(kv_heads) + " (grouped-query attention needs heads % kv_heads == 0)");
+  if (!std::isfinite(scale) || scale < 0.0f) {
+    std::ostringstream s;
+    s << "scale = " << scale << " is not allowed (must be finite and > 0, or 0 for 1/sqrt(d))";
+    fail(s.str());
+  }
+}
+
+float Problem::softmax_scale() const {
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(float(head_dim));
+}
+
+double Problem::forward_flops() const {
+  double f = 4.0 * batch * heads * double(seq_q) * double(seq_k) * head_dim;
+  if (causal && seq_q == seq_k) f *= 0.5;
+  return f;
+}
+
+std::string Problem::describe() const {
+  std::ostringstream s;
+  s << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq_q=" << seq_q
+    << " seq_k=" << seq_k << " d=" << head_dim << (causal ? " causal" : " non-causal")
+    << " scale=" << softmax_scale();
+  return s.str();
+}
+
+}  // namespace fa

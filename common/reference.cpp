@@ -1,0 +1,161 @@
+// The Eigen reference. Written as the textbook formulas, one (batch, head) and one block of
+// query rows at a time:
+//   S = scale·Q Kᵀ (masked entries −inf),  m = rowmax S,  l = rowsum exp(S − m),
+//   P = exp(S − m) / l,  O = P V,  L = m + log l,
+//   D = rowsum(dO∘O),  dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P∘(dP − D),
+//   dQ = scale·dS K,  dK = scale·dSᵀ Q.
+#include "reference.h"
+
+#include <Eigen/Core>
+#include <cmath>
+#include <limits>
+
+namespace fa {
+
+RefMode baseline_mode(Dtype t) {
+  switch (t) {
+    case Dtype::F32: return RefMode::F32;
+    case Dtype::F16: return RefMode::F16;
+    case Dtype::BF16: return RefMode::BF16;
+  }
+  return RefMode::F32;
+}
+
+namespace {
+
+template <typename Scalar>
+using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMapF = Eigen::Map<const Mat<float>>;
+
+// Query rows processed together: bounds the S/P block to kRowBlock × N_k.
+constexpr int64_t kRowBlock = 256;
+
+// Rounds every element to the storage type of `mode` (a no-op for Exact and F32).
+template <typename Scalar>
+void round_to(RefMode mode, Mat<Scalar>& x) {
+  if (mode == RefMode::F16)
+    x = x.unaryExpr([](Scalar v) { return Scalar(float(Eigen::half(float(v)))); });
+  else if (mode == RefMode::BF16)
+    x = x.unaryExpr([](Scalar v) { return Scalar(float(Eigen::bfloat16(float(v)))); });
+}
+
+template <typename Scalar>
+Mat<Scalar> load(RefMode mode, const float* base, int64_t rows, int64_t cols) {
+  Mat<Scalar> x = ConstMapF(base, rows, cols).template cast<Scalar>();
+  round_to(mode, x);
+  return x;
+}
+
+template <typename Scalar>
+void store(std::vector<double>& dst, int64_t offset, const Mat<Scalar>& x) {
+  Eigen::Map<Mat<double>>(dst.data() + offset, x.rows(), x.cols()) = x.template cast<double>();
+}
+
+template <typename Scalar>
+Reference run(const Problem& p, const float* Q, const float* K, const float* V, const float* dO,
+              RefMode mode, bool want_P) {
+  p.validate("reference");
+  const bool backward = dO != nullptr;
+  const int64_t d = p.head_dim, Nq = p.seq_q, Nk = p.seq_k;
+  const Scalar scale = Scalar(p.softmax_scale());
+  const Scalar inf = std::numeric_limits<Scalar>::infinity();
+
+  Reference r;
+  r.O.assign(size_t(p.q_elems()), 0.0);
+  r.L.assign(size_t(p.l_elems()), 0.0);
+  r.m.assign(size_t(p.l_elems()), 0.0);
+  r.l.assign(size_t(p.l_elems()), 0.0);
+  if (want_P) r.P.assign(size_t(p.batch) * p.heads * Nq * Nk, 0.0);
+  if (backward) {
+    r.D.assign(size_t(p.l_elems()), 0.0);
+    r.dQ.assign(size_t(p.q_elems()), 0.0);
+    r.dK.assign(size_t(p.kv_elems()), 0.0);
+    r.dV.assign(size_t(p.kv_elems()), 0.0);
+  }
+
+  for (int b = 0; b < p.batch; ++b) {
+    for (int hk = 0; hk < p.kv_heads; ++hk) {
+      const Mat<Scalar> Kh = load<Scalar>(mode, K + p.kv_offset(b, hk, 0), Nk, d);  // [N_k, d]
+      const Mat<Scalar> Vh = load<Scalar>(mode, V + p.kv_offset(b, hk, 0), Nk, d);  // [N_k, d]
+      Mat<Scalar> dK_acc = Mat<Scalar>::Zero(Nk, d), dV_acc = Mat<Scalar>::Zero(Nk, d);
+
+      for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+        for (int64_t r0 = 0; r0 < Nq; r0 += kRowBlock) {
+          const int64_t rows = std::min(kRowBlock, Nq - r0);
+          const Mat<Scalar> Qr = load<Scalar>(mode, Q + p.q_offset(b, h, r0), rows, d);
+          Mat<Scalar> S = scale * (Qr * Kh.transpose());  // [rows, N_k]
+          Mat<Scalar> Pm(rows, Nk);                       // P of this row block
+          Eigen::Matrix<Scalar, Eigen::Dynamic, 1> row_max(rows), row_sum(rows);
+
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t n_vis = p.visible_keys(r0 + i);
+            for (int64_t j = n_vis; j < Nk; ++j) S(i, j) = -inf;  // causal mask
+            // Row max, written out so that a NaN logit makes the max NaN (and so the row).
+            Scalar mx = -inf;
+            for (int64_t j = 0; j < n_vis; ++j)
+              mx = (std::isnan(S(i, j)) || S(i, j) > mx) ? S(i, j) : mx;
+            Scalar sum = 0;
+            for (int64_t j = 0; j < Nk; ++j) {
+              Pm(i, j) = j < n_vis ? std::exp(S(i, j) - mx) : Scalar(0);
+              sum += Pm(i, j);
+            }
+            row_max(i) = mx;
+            row_sum(i) = sum;
+            if (n_vis == 0) continue;  // empty row: P = 0, O = 0, L = −inf
+            Pm.row(i) /= sum;
+          }
+          const int64_t lo = p.l_offset(b, h, r0);
+          for (int64_t i = 0; i < rows; ++i) {
+            const bool empty = p.visible_keys(r0 + i) == 0;
+            r.m[size_t(lo + i)] = empty ? -INFINITY : double(row_max(i));
+            r.l[size_t(lo + i)] = empty ? 0.0 : double(row_sum(i));
+            r.L[size_t(lo + i)] =
+                empty ? -INFINITY : double(row_max(i)) + std::log(double(row_sum(i)));
+          }
+          if (want_P) store(r.P, ((int64_t(b) * p.heads + h) * Nq + r0) * Nk, Pm);
+
+          Mat<Scalar> P_in = Pm;  // P as it enters the P·V product
+          round_to(mode, P_in);
+          Mat<Scalar> Or = P_in * Vh;  // [rows, d]
+          store(r.O, p.q_offset(b, h, r0), Or);
+          if (!backward) continue;
+
+          // ---- backward for this row block ----
+          const Mat<Scalar> dOr = load<Scalar>(mode, dO + p.q_offset(b, h, r0), rows, d);
+          round_to(mode, Or);  // a kernel computes D from the O it stored
+          const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr =
+              dOr.cwiseProduct(Or).rowwise().sum();                    // D = rowsum(dO∘O)
+          dV_acc.noalias() += P_in.transpose() * dOr;                  // dV += Pᵀ dO
+          const Mat<Scalar> dP = dOr * Vh.transpose();                 // dP = dO Vᵀ
+          Mat<Scalar> dS = Pm.cwiseProduct(dP.colwise() - Dr);         // dS = P∘(dP − D)
+          round_to(mode, dS);
+          dK_acc.noalias() += scale * (dS.transpose() * Qr);           // dK += scale·dSᵀ Q
+          const Mat<Scalar> dQr = scale * (dS * Kh);                   // dQ = scale·dS K
+          store(r.dQ, p.q_offset(b, h, r0), dQr);
+          for (int64_t i = 0; i < rows; ++i) r.D[size_t(lo + i)] = double(Dr(i));
+        }
+      }
+      if (backward) {
+        store(r.dK, p.kv_offset(b, hk, 0), dK_acc);
+        store(r.dV, p.kv_offset(b, hk, 0), dV_acc);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
+                            RefMode mode, bool want_P) {
+  if (mode == RefMode::F32) return run<float>(p, Q, K, V, nullptr, mode, want_P);
+  return run<double>(p, Q, K, V, nullptr, mode, want_P);
+}
+
+Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
+                             const float* dO, RefMode mode) {
+  if (mode == RefMode::F32) return run<float>(p, Q, K, V, dO, mode, false);
+  return run<double>(p, Q, K, V, dO, mode, false);
+}
+
+}  // namespace fa

@@ -1,0 +1,46 @@
+/// \file reference.h
+/// \brief The one reference: exact softmax attention in Eigen, forward and backward.
+///
+/// Every stage is checked against this. It materialises S and P one block of query rows
+/// at a time (so memory stays bounded) and is written for clarity, not speed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "problem.h"
+
+namespace fa {
+
+/// The arithmetic the reference is evaluated in.
+///  - Exact: double precision everywhere. This is "the truth" a stage is compared with.
+///  - F32: a plain single-precision evaluation (same formulas, float arithmetic). Its
+///    distance from Exact is the error budget of fp32 stages (see compare.h).
+///  - F16 / BF16: double arithmetic on inputs rounded to the type, with P (and dS, and O
+///    before D) rounded to the type before they enter a matrix product, as a tensor-core
+///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
+enum class RefMode { Exact, F32, F16, BF16 };
+
+/// Reference outputs, in double. Tensors have the layouts of DESIGN §3.
+struct Reference {
+  std::vector<double> O, L;       ///< [b][h][N_q][d], [b][h][N_q] (L = −inf on empty rows)
+  std::vector<double> P;          ///< [b][h][N_q][N_k], only when asked for
+  std::vector<double> m, l;       ///< row max and row sum of exp(S − m): [b][h][N_q]
+  std::vector<double> D;          ///< rowsum(dO∘O) [b][h][N_q] (backward only)
+  std::vector<double> dQ, dK, dV; ///< gradients (backward only)
+};
+
+/// Forward: O = softmax(scale·QKᵀ + mask)·V, L = m + log(l) per row.
+/// If `want_P`, also stores the probabilities (size batch·heads·N_q·N_k: small problems only).
+Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
+                            RefMode mode = RefMode::Exact, bool want_P = false);
+
+/// Forward and backward for the loss whose gradient with respect to O is dO.
+/// GQA: dK and dV of a kv head sum the contributions of every query head in its group.
+Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
+                             const float* dO, RefMode mode = RefMode::Exact);
+
+/// The reference mode whose error budget applies to a stage computing in `t`.
+RefMode baseline_mode(Dtype t);
+
+}  // namespace fa

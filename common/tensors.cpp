@@ -1,0 +1,79 @@
+#include "tensors.h"
+
+#include <limits>
+#include <new>
+#include <random>
+#include <stdexcept>
+
+namespace fa {
+
+const char* dist_name(Dist d) {
+  switch (d) {
+    case Dist::Normal: return "normal";
+    case Dist::Uniform: return "uniform";
+    case Dist::LargeLogits: return "large";
+  }
+  return "?";
+}
+
+Dist parse_dist(const std::string& s) {
+  if (s == "normal") return Dist::Normal;
+  if (s == "uniform") return Dist::Uniform;
+  if (s == "large") return Dist::LargeLogits;
+  throw std::invalid_argument("dist '" + s + "' is not one of normal, uniform, large");
+}
+
+std::vector<float> allocate(int64_t elems, const std::string& what) {
+  if (elems < 0) throw std::invalid_argument(what + ": negative size " + std::to_string(elems));
+  try {
+    return std::vector<float>(size_t(elems));
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(what + ": cannot allocate " + std::to_string(elems) +
+                             " floats (" + std::to_string(elems * 4 / (1 << 20)) +
+                             " MiB) on the host");
+  } catch (const std::length_error&) {
+    throw std::runtime_error(what + ": " + std::to_string(elems) + " floats is too large");
+  }
+}
+
+namespace {
+void fill(std::vector<float>& x, std::mt19937_64& rng, Dist dist, bool is_qk) {
+  if (dist == Dist::Uniform) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : x) v = u(rng);
+    return;
+  }
+  const float sigma = (dist == Dist::LargeLogits && is_qk) ? 15.0f : 1.0f;
+  std::normal_distribution<float> n(0.0f, sigma);
+  for (float& v : x) v = n(rng);
+}
+}  // namespace
+
+Tensors Tensors::make(const Problem& p, uint64_t seed, Dist dist, bool with_backward) {
+  Tensors t;
+  t.Q = allocate(p.q_elems(), "Q");
+  t.K = allocate(p.kv_elems(), "K");
+  t.V = allocate(p.kv_elems(), "V");
+  t.O = allocate(p.q_elems(), "O");
+  t.L = allocate(p.l_elems(), "L");
+  std::mt19937_64 rng(seed);
+  fill(t.Q, rng, dist, true);
+  fill(t.K, rng, dist, true);
+  fill(t.V, rng, dist, false);
+  if (with_backward) {
+    t.dO = allocate(p.q_elems(), "dO");
+    t.dQ = allocate(p.q_elems(), "dQ");
+    t.dK = allocate(p.kv_elems(), "dK");
+    t.dV = allocate(p.kv_elems(), "dV");
+    fill(t.dO, rng, dist, false);
+  }
+  t.poison_outputs();
+  return t;
+}
+
+void Tensors::poison_outputs() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (auto* x : {&O, &L, &dQ, &dK, &dV}) std::fill(x->begin(), x->end(), nan);
+}
+
+}  // namespace fa

@@ -1,0 +1,81 @@
+// The tour: every stage in the list, on one default problem, in one table.
+// Stages this machine cannot run (GPU stages without a GPU) say so instead of vanishing.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "check.h"
+#include "stage_list.h"
+#include "timing.h"
+
+int main(int argc, char** argv) {
+  fa::Problem p;
+  p.batch = 1;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.seq_q = 512;
+  p.seq_k = 512;
+  p.head_dim = 64;
+  p.causal = false;
+  uint64_t seed = 7;
+  CLI::App app{"Runs every stage on one problem and checks each against the reference"};
+  app.add_option("--heads", p.heads)->capture_default_str();
+  app.add_option("--kv-heads", p.kv_heads)->capture_default_str();
+  app.add_option("--seq", p.seq_q, "sequence length (queries and keys)")->capture_default_str();
+  app.add_option("--head-dim", p.head_dim)->capture_default_str();
+  app.add_flag("--causal", p.causal);
+  app.add_option("--seed", seed)->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    p.seq_k = p.seq_q;
+    p.validate("tour");
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "tour: " << e.what() << "\n";
+    return 2;
+  }
+
+  std::printf("problem: %s\n\n", p.describe().c_str());
+  std::printf("%-22s %-5s %-12s %-12s %-6s %10s %12s  %s\n", "stage", "dtype", "max|ΔO|",
+              "tolerance", "check", "time ms", "speed", "idea");
+  const bool have_gpu = fa::gpu_available();
+  bool all_pass = true;
+  for (const auto& s : fa::all_stages()) {
+    if (s.is_gpu && !have_gpu) {
+      std::printf("%-22s %-5s %-12s %-12s %-6s %10s %12s  %s\n", s.name.c_str(), "-", "-", "-",
+                  "skip", "-", "-", ("skipped: no GPU — " + s.idea).c_str());
+      continue;
+    }
+    const fa::Dtype t = s.dtypes.front();
+    if (!s.supports_head_dim(p.head_dim)) {
+      std::printf("%-22s %-5s skipped: head_dim %d not supported\n", s.name.c_str(),
+                  fa::dtype_name(t), p.head_dim);
+      continue;
+    }
+    fa::Tensors tensors = fa::Tensors::make(p, seed, fa::Dist::Normal, false);
+    try {
+      const double secs = fa::median_seconds(
+          [&] {
+            s.forward(p, t, tensors.Q.data(), tensors.K.data(), tensors.V.data(),
+                      tensors.O.data(), tensors.L.data());
+          },
+          s.is_gpu ? 1 : 0, s.is_gpu ? 3 : 1);
+      const fa::CheckReport r = fa::compare_forward(p, t, tensors);
+      const auto& o = r.at("O");
+      all_pass = all_pass && r.pass();
+      const double speed = p.forward_flops() / secs;
+      char speed_s[32];
+      std::snprintf(speed_s, sizeof speed_s, "%.2f GF/s", speed / 1e9);
+      std::printf("%-22s %-5s %-12.3e %-12.3e %-6s %10.2f %12s  %s\n", s.name.c_str(),
+                  fa::dtype_name(t), o.max_abs, o.tol, r.pass() ? "PASS" : "FAIL", secs * 1e3,
+                  speed_s, s.idea.c_str());
+    } catch (const std::exception& e) {
+      all_pass = false;
+      std::printf("%-22s error: %s\n", s.name.c_str(), e.what());
+    }
+  }
+  std::printf("\nmax|ΔO| is the largest |O − O_ref| against the double-precision reference;\n"
+              "GPU stage times include host<->device copies (use a stage's --bench for kernel time).\n");
+  return all_pass ? 0 : 1;
+}
