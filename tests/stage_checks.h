@@ -1,0 +1,49 @@
+/// \file stage_checks.h
+/// \brief The shared test matrix (DESIGN §6) and the checks every stage must pass.
+///
+/// Each stage's test program calls these with its StageInfo, so no stage can pass on the
+/// easy shapes only. Failures are reported through doctest with the problem, the seed and
+/// the worst element (b, h, row, col), so they can be replayed with the stage program.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "stage.h"
+
+namespace fa::test {
+
+/// The shapes of DESIGN §6 for a stage: lengths 1, 2, 17, 64, 97, 128, 255, 1025;
+/// seq_q ≠ seq_k (1×512, 300×77, 77×300); every head dim in `head_dims` (CPU stages:
+/// 16, 32, 40, 64, 80, 96, 128); causal and not; heads = kv_heads and GQA (8 over 2).
+std::vector<Problem> shape_matrix(const std::vector<int>& head_dims);
+
+/// The head dims a stage is tested on: its own list, or the CPU list when it takes any.
+std::vector<int> tested_head_dims(const StageInfo& s);
+
+/// Runs the forward over the whole matrix in `dtype`, checking O and L against the
+/// reference with the tolerance policy. (`with_backward`: also dQ, dK, dV.)
+void check_matrix(const StageInfo& s, Dtype dtype, bool with_backward);
+
+/// Adversarial inputs: logits in the hundreds (must match, or must overflow for stage
+/// 01), rows that see no key (O = 0, L = −inf), constant rows, NaN in a Q row and in a K
+/// row (NaN reaches exactly the rows it should).
+void check_adversarial(const StageInfo& s, Dtype dtype, bool with_backward);
+
+/// Properties: key-permutation invariance (non-causal), bitwise determinism of two runs.
+void check_properties(const StageInfo& s, Dtype dtype, bool with_backward);
+
+/// Bad input: invalid problems and unsupported head dims are refused with a message that
+/// names the value (std::invalid_argument); nothing is written.
+void check_refusals(const StageInfo& s, Dtype dtype);
+
+/// Random shapes from a printed seed (FA_TEST_SEED overrides it), so a failure replays.
+void check_random_shapes(const StageInfo& s, Dtype dtype, bool with_backward, int count);
+
+/// Runs forward (and backward) and asserts the report passes, printing it otherwise.
+CheckReport expect_pass(const StageInfo& s, const Problem& p, Dtype dtype, uint64_t seed,
+                        Dist dist, bool with_backward);
+
+}  // namespace fa::test
