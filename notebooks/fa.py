@@ -1,0 +1,165 @@
+"""ctypes wrapper over the project's C ABI (common/fa_c.h), with numpy arrays.
+
+    import fa
+    O, L = fa.forward("05", Q, K, V, causal=True)          # host fp32 arrays
+    dQ, dK, dV = fa.backward("06", Q, K, V, O, L, dO)
+
+Arrays are float32 in the layouts of DESIGN §3: Q, O [batch, heads, seq_q, d];
+K, V [batch, kv_heads, seq_k, d]; L [batch, heads, seq_q]. The library is found through
+the environment variable FA_LIB, or at build/stages/libfa_c.so under the repository root.
+Errors from the library raise FaError with the library's message.
+"""
+import ctypes
+import os
+import pathlib
+
+import numpy as np
+
+_DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+class FaError(RuntimeError):
+    """An error code returned by the C ABI, with its message."""
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in
+                ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "causal")] + \
+               [("scale", ctypes.c_float)]
+
+
+def _default_path():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    return os.environ.get("FA_LIB", str(root / "build" / "stages" / "libfa_c.so"))
+
+
+_lib = None
+
+
+def library(path=None):
+    """Loads (once) and returns the ctypes handle of libfa_c.so."""
+    global _lib
+    if _lib is not None and path is None:
+        return _lib
+    lib = ctypes.CDLL(path or _default_path())
+    f32p, vp, pp = ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.POINTER(Problem)
+    lib.fa_stage_count.restype = ctypes.c_int
+    lib.fa_stage_name.restype = ctypes.c_char_p
+    lib.fa_stage_name.argtypes = [ctypes.c_int]
+    lib.fa_last_error.restype = ctypes.c_char_p
+    for name in ("fa_stage_has_backward", "fa_stage_is_gpu"):
+        getattr(lib, name).argtypes = [ctypes.c_char_p]
+    lib.fa_forward_dtype.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [f32p] * 5
+    lib.fa_backward_dtype.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [f32p] * 9
+    lib.fa_forward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 6
+    lib.fa_backward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 10
+    lib.fa_set_option.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.fa_get_counter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
+    _lib = lib
+    return lib
+
+
+def _check(rc):
+    if rc != 0:
+        raise FaError(library().fa_last_error().decode())
+
+
+def stages():
+    """Names of every stage in the library, in order."""
+    lib = library()
+    return [lib.fa_stage_name(i).decode() for i in range(lib.fa_stage_count())]
+
+
+def is_gpu(stage):
+    return library().fa_stage_is_gpu(stage.encode()) == 1
+
+
+def has_backward(stage):
+    return library().fa_stage_has_backward(stage.encode()) == 1
+
+
+def problem(Q, K, causal=False, scale=0.0):
+    """The fa_problem for arrays Q [b, h, Nq, d] and K [b, hkv, Nk, d]."""
+    b, h, nq, d = Q.shape
+    bk, hkv, nk, dk = K.shape
+    if (bk, dk) != (b, d):
+        raise ValueError(f"Q {Q.shape} and K {K.shape} disagree in batch or head_dim")
+    return Problem(b, h, hkv, nq, nk, d, int(bool(causal)), float(scale))
+
+
+def _f32(x):
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _ptr(x):
+    return x.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def forward(stage, Q, K, V, causal=False, scale=0.0, dtype="f32"):
+    """Runs a stage's forward on host arrays; returns (O, L) as float32 arrays."""
+    Q, K, V = _f32(Q), _f32(K), _f32(V)
+    p = problem(Q, K, causal, scale)
+    O = np.full(Q.shape, np.nan, dtype=np.float32)
+    L = np.full(Q.shape[:3], np.nan, dtype=np.float32)
+    _check(library().fa_forward_dtype(stage.encode(), ctypes.byref(p), _DTYPES[dtype],
+                                      _ptr(Q), _ptr(K), _ptr(V), _ptr(O), _ptr(L)))
+    return O, L
+
+
+def backward(stage, Q, K, V, O, L, dO, causal=False, scale=0.0, dtype="f32"):
+    """Runs a stage's backward on host arrays; returns (dQ, dK, dV)."""
+    Q, K, V, O, L, dO = map(_f32, (Q, K, V, O, L, dO))
+    p = problem(Q, K, causal, scale)
+    dQ = np.full(Q.shape, np.nan, dtype=np.float32)
+    dK = np.full(K.shape, np.nan, dtype=np.float32)
+    dV = np.full(V.shape, np.nan, dtype=np.float32)
+    _check(library().fa_backward_dtype(stage.encode(), ctypes.byref(p), _DTYPES[dtype],
+                                       _ptr(Q), _ptr(K), _ptr(V), _ptr(O), _ptr(L), _ptr(dO),
+                                       _ptr(dQ), _ptr(dK), _ptr(dV)))
+    return dQ, dK, dV
+
+
+def forward_device(stage, p, dtype, q, k, v, o, l, stream=0):
+    """Forward on device pointers (ints, e.g. torch's data_ptr()); p is a Problem."""
+    _check(library().fa_forward_device(stage.encode(), ctypes.byref(p), _DTYPES[dtype],
+                                       q, k, v, o, l, stream or None))
+
+
+def backward_device(stage, p, dtype, q, k, v, o, l, do, dq, dk, dv, stream=0):
+    """Backward on device pointers."""
+    _check(library().fa_backward_device(stage.encode(), ctypes.byref(p), _DTYPES[dtype],
+                                        q, k, v, o, l, do, dq, dk, dv, stream or None))
+
+
+def set_option(stage, name, value):
+    """Sets a stage-specific option (e.g. stage 06 "block_q"); 0 restores the default."""
+    _check(library().fa_set_option(stage.encode(), name.encode(), int(value)))
+
+
+def get_counter(stage, name):
+    """Reads a stage-specific counter of the last run (e.g. stage 06 "reads")."""
+    v = ctypes.c_int64(0)
+    _check(library().fa_get_counter(stage.encode(), name.encode(), ctypes.byref(v)))
+    return v.value
+
+
+def attention_numpy(Q, K, V, causal=False, scale=0.0):
+    """Plain float64 numpy attention (bottom-right causal, GQA): returns (O, L)."""
+    Q, K, V = (np.asarray(x, dtype=np.float64) for x in (Q, K, V))
+    b, h, nq, d = Q.shape
+    hkv, nk = K.shape[1], K.shape[2]
+    scale = scale or 1.0 / np.sqrt(d)
+    K = np.repeat(K, h // hkv, axis=1)
+    V = np.repeat(V, h // hkv, axis=1)
+    S = scale * Q @ np.swapaxes(K, -1, -2)
+    if causal:
+        visible = np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq
+        S = np.where(visible, S, -np.inf)
+    m = S.max(axis=-1, keepdims=True) if nk else np.full((b, h, nq, 1), -np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    E = np.exp(S - m_safe)
+    l = E.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        O = np.where(l > 0, E @ V / np.where(l > 0, l, 1.0), 0.0)
+        L = np.where(l[..., 0] > 0, (m_safe + np.log(np.where(l > 0, l, 1.0)))[..., 0], -np.inf)
+    return O, L

@@ -1,0 +1,266 @@
+#include "stage_checks.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+namespace fa::test {
+
+namespace {
+
+bool small_mode() {
+  const char* e = std::getenv("FA_TEST_SMALL");
+  return e && std::string(e) == "1";
+}
+
+Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.seq_q = seq_q;
+  p.seq_k = seq_k;
+  p.head_dim = d;
+  p.causal = causal;
+  return p;
+}
+
+std::string context(const StageInfo& s, const Problem& p, Dtype t, uint64_t seed, Dist dist) {
+  std::ostringstream o;
+  o << s.name << " " << dtype_name(t) << " " << p.describe() << " seed=" << seed
+    << " dist=" << dist_name(dist);
+  return o.str();
+}
+
+CheckReport run_check(const StageInfo& s, const Problem& p, Dtype t, Tensors& x, bool with_backward) {
+  return with_backward ? check_backward(s, p, t, x) : check_forward(s, p, t, x);
+}
+
+}  // namespace
+
+std::vector<int> tested_head_dims(const StageInfo& s) {
+  if (!s.head_dims.empty()) return s.head_dims;
+  return {16, 32, 40, 64, 80, 96, 128};
+}
+
+std::vector<Problem> shape_matrix(const std::vector<int>& head_dims) {
+  const bool small = small_mode();
+  const int d0 = std::find(head_dims.begin(), head_dims.end(), 64) != head_dims.end() ? 64 : head_dims.front();
+  std::vector<Problem> m;
+  for (bool causal : {false, true}) {
+    // Sequence lengths, seq_q == seq_k; alternate plain heads and GQA (8 over 2).
+    for (int n : {1, 2, 17, 64, 97, 128, 255, 1025}) {
+      if (small && n > 128) continue;
+      if (n == 1025) m.push_back(make(1, 1, 1, n, n, d0, causal));
+      else if (n == 17 || n == 128) m.push_back(make(1, 8, 2, n, n, d0, causal));
+      else m.push_back(make(2, 2, 2, n, n, d0, causal));
+    }
+    // seq_q ≠ seq_k (with causal, 300×77 has rows that see no key at all).
+    m.push_back(make(1, 2, 1, 1, small ? 128 : 512, d0, causal));
+    m.push_back(make(1, 8, 2, small ? 100 : 300, 77, d0, causal));
+    m.push_back(make(1, 2, 2, 77, small ? 100 : 300, d0, causal));
+    // Every head dim, on an odd length.
+    for (int d : head_dims) m.push_back(make(1, 2, 1, 97, small ? 65 : 129, d, causal));
+  }
+  return m;
+}
+
+CheckReport expect_pass(const StageInfo& s, const Problem& p, Dtype t, uint64_t seed, Dist dist,
+                        bool with_backward) {
+  Tensors x = Tensors::make(p, seed, dist, with_backward);
+  CheckReport r = run_check(s, p, t, x, with_backward);
+  INFO(context(s, p, t, seed, dist));
+  INFO(r.summary());
+  CHECK(r.pass());
+  return r;
+}
+
+void check_matrix(const StageInfo& s, Dtype t, bool with_backward) {
+  uint64_t seed = 100;
+  for (const Problem& p : shape_matrix(tested_head_dims(s)))
+    expect_pass(s, p, t, seed++, Dist::Normal, with_backward);
+  // The other input distribution on a few shapes.
+  const int d = tested_head_dims(s).front();
+  expect_pass(s, make(1, 2, 2, 97, 64, d, false), t, seed++, Dist::Uniform, with_backward);
+  expect_pass(s, make(1, 2, 2, 64, 97, d, true), t, seed++, Dist::Uniform, with_backward);
+}
+
+void check_adversarial(const StageInfo& s, Dtype t, bool with_backward) {
+  const int d = tested_head_dims(s).front();
+  // 1. Logits in the hundreds: exp() overflows fp32 beyond 88.7.
+  for (bool causal : {false, true}) {
+    const Problem p = make(1, 2, 1, 97, 77, d, causal);
+    Tensors x = Tensors::make(p, 7, Dist::LargeLogits, false);
+    const CheckReport r = check_forward(s, p, t, x);
+    INFO(context(s, p, t, 7, Dist::LargeLogits));
+    INFO(r.summary());
+    if (s.overflows_on_large_logits) {
+      CHECK_FALSE(r.pass());  // stage 01 must overflow here: that is its lesson
+      CHECK(r.at("O").nonfinite_mismatch > 0);
+    } else {
+      CHECK(r.pass());
+    }
+  }
+  if (!s.overflows_on_large_logits && with_backward)
+    expect_pass(s, make(1, 2, 1, 64, 64, d, true), t, 8, Dist::LargeLogits, true);
+
+  // 2. Rows that see no key: causal with seq_q > seq_k (bottom-right), and seq_k = 0.
+  for (const Problem& p : {make(1, 2, 2, 40, 9, d, true), make(1, 1, 1, 5, 0, d, false),
+                           make(1, 1, 1, 0, 5, d, false)}) {
+    Tensors x = Tensors::make(p, 9, Dist::Normal, with_backward);
+    const CheckReport r = run_check(s, p, t, x, with_backward);
+    INFO(context(s, p, t, 9, Dist::Normal));
+    INFO(r.summary());
+    CHECK(r.pass());
+    for (int h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        if (p.visible_keys(i) != 0) continue;
+        INFO("row " << i << " of head " << h << " sees no key");
+        CHECK(x.L[size_t(p.l_offset(0, h, i))] == -std::numeric_limits<float>::infinity());
+        for (int c = 0; c < p.head_dim; ++c) CHECK(x.O[size_t(p.q_offset(0, h, i) + c)] == 0.0f);
+      }
+  }
+
+  // 3. Constant rows: every logit of a row equal (Q = 0), so P is uniform.
+  {
+    const Problem p = make(1, 2, 1, 33, 50, d, false);
+    Tensors x = Tensors::make(p, 10, Dist::Normal, with_backward);
+    std::fill(x.Q.begin(), x.Q.end(), 0.0f);
+    const CheckReport r = run_check(s, p, t, x, with_backward);
+    INFO("constant rows: " << context(s, p, t, 10, Dist::Normal));
+    INFO(r.summary());
+    CHECK(r.pass());
+  }
+
+  // 4. NaN in one query row reaches that row only; NaN in one key row reaches every row
+  //    (non-causal). The comparison requires NaN exactly where the reference has it.
+  for (int which = 0; which < 2; ++which) {
+    const Problem p = make(1, 2, 1, 37, 45, d, false);
+    Tensors x = Tensors::make(p, 11, Dist::Normal, with_backward);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (which == 0) x.Q[size_t(p.q_offset(0, 1, 5) + 3)] = nan;
+    else x.K[size_t(p.kv_offset(0, 0, 20) + 1)] = nan;
+    const CheckReport r = run_check(s, p, t, x, with_backward);
+    INFO((which == 0 ? "NaN in Q row 5 of head 1: " : "NaN in K row 20: ") << context(s, p, t, 11, Dist::Normal));
+    INFO(r.summary());
+    CHECK(r.pass());
+    if (which == 0) {
+      CHECK(std::isnan(x.O[size_t(p.q_offset(0, 1, 5))]));
+      CHECK(std::isfinite(x.O[size_t(p.q_offset(0, 1, 4))]));
+      CHECK(std::isfinite(x.O[size_t(p.q_offset(0, 0, 5))]));
+    }
+  }
+}
+
+void check_properties(const StageInfo& s, Dtype t, bool with_backward) {
+  const int d = tested_head_dims(s).front();
+  // Key permutation invariance: permuting the rows of K and V together (non-causal)
+  // permutes the terms of every softmax sum, so O, L and dQ must not change beyond rounding.
+  {
+    const Problem p = make(1, 4, 2, 45, 70, d, false);
+    Tensors x = Tensors::make(p, 21, Dist::Normal, with_backward);
+    const CheckReport r0 = run_check(s, p, t, x, with_backward);
+    REQUIRE(r0.pass());
+    Tensors y = x;
+    std::vector<int> perm(size_t(p.seq_k));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+    for (int hk = 0; hk < p.kv_heads; ++hk)
+      for (int j = 0; j < p.seq_k; ++j)
+        for (int c = 0; c < d; ++c) {
+          y.K[size_t(p.kv_offset(0, hk, j) + c)] = x.K[size_t(p.kv_offset(0, hk, perm[size_t(j)]) + c)];
+          y.V[size_t(p.kv_offset(0, hk, j) + c)] = x.V[size_t(p.kv_offset(0, hk, perm[size_t(j)]) + c)];
+        }
+    run_check(s, p, t, y, with_backward);
+    auto same = [&](const char* name, const std::vector<float>& a, const std::vector<float>& b, double tol) {
+      const std::vector<double> ref(a.begin(), a.end());
+      const Comparison c = compare(name, b.data(), ref, {p.batch, p.heads, p.seq_q, int64_t(a.size() / std::max<size_t>(1, size_t(p.batch * p.heads * p.seq_q)))}, tol);
+      INFO("key permutation: " << c.summary());
+      CHECK(c.pass);
+    };
+    // Both runs are within tol of the reference, so they are within 2·tol of each other.
+    same("O", x.O, y.O, 2 * r0.at("O").tol);
+    same("L", x.L, y.L, 2 * r0.at("L").tol);
+    if (with_backward) same("dQ", x.dQ, y.dQ, 2 * r0.at("dQ").tol);
+  }
+  // Determinism: the same inputs twice give bitwise the same outputs.
+  {
+    const Problem p = make(2, 4, 2, 70, 130, d, true);
+    Tensors x = Tensors::make(p, 22, Dist::Normal, with_backward);
+    run_check(s, p, t, x, with_backward);
+    Tensors y = x;
+    run_check(s, p, t, y, with_backward);
+    auto bitwise = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    CHECK_MESSAGE(bitwise(x.O, y.O), s.name << ": O differs between two identical runs");
+    CHECK_MESSAGE(bitwise(x.L, y.L), s.name << ": L differs between two identical runs");
+    if (with_backward) {
+      CHECK_MESSAGE(bitwise(x.dK, y.dK), s.name << ": dK differs between two identical runs");
+      CHECK_MESSAGE(bitwise(x.dV, y.dV), s.name << ": dV differs between two identical runs");
+    }
+  }
+}
+
+void check_refusals(const StageInfo& s, Dtype t) {
+  const int d = tested_head_dims(s).front();
+  struct Bad {
+    Problem p;
+    const char* names;  // the message must contain this
+  };
+  std::vector<Bad> bad;
+  Problem p = make(1, 4, 2, 16, 16, d, false);
+  Problem q = p; q.heads = 0;        bad.push_back({q, "heads = 0"});
+  q = p; q.kv_heads = 3;             bad.push_back({q, "kv_heads = 3"});
+  q = p; q.seq_q = -1;               bad.push_back({q, "seq_q = -1"});
+  q = p; q.seq_k = -5;               bad.push_back({q, "seq_k = -5"});
+  q = p; q.batch = 0;                bad.push_back({q, "batch = 0"});
+  q = p; q.scale = -1.0f;            bad.push_back({q, "scale = -1"});
+  q = p; q.scale = std::numeric_limits<float>::quiet_NaN(); bad.push_back({q, "scale = nan"});
+  if (!s.head_dims.empty()) {
+    q = p; q.head_dim = 7;           bad.push_back({q, "head_dim = 7"});
+  } else {
+    q = p; q.head_dim = 0;           bad.push_back({q, "head_dim = 0"});
+  }
+  Tensors x = Tensors::make(p, 1, Dist::Normal, false);
+  for (const Bad& b : bad) {
+    x.poison_outputs();
+    std::string msg;
+    try {
+      s.forward(b.p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO(s.name << " with " << b.names << ": message '" << msg << "'");
+    CHECK(msg.find(b.names) != std::string::npos);
+    CHECK(std::all_of(x.O.begin(), x.O.end(), [](float v) { return std::isnan(v); }));
+  }
+  // A dtype the stage does not compute in is refused by the C ABI and the driver; here
+  // we only check that the StageInfo says so consistently.
+  CHECK(s.supports(t));
+}
+
+void check_random_shapes(const StageInfo& s, Dtype t, bool with_backward, int count) {
+  uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (const char* e = std::getenv("FA_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
+  MESSAGE("random shapes for " << s.name << ": seed " << seed << " (replay with FA_TEST_SEED=" << seed << ")");
+  std::mt19937_64 rng(seed);
+  const std::vector<int> dims = tested_head_dims(s);
+  for (int k = 0; k < count; ++k) {
+    const int kv = 1 + int(rng() % 2), group = 1 + int(rng() % 3);
+    Problem p = make(1 + int(rng() % 2), kv * group, kv, int(rng() % 150), int(rng() % 150),
+                     dims[rng() % dims.size()], rng() % 2 == 0);
+    INFO("random case " << k << " of seed " << seed);
+    expect_pass(s, p, t, rng(), Dist::Normal, with_backward);
+  }
+}
+
+}  // namespace fa::test

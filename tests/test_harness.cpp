@@ -1,0 +1,209 @@
+// Tests of the harness itself: the reference (its backward against central finite
+// differences), the comparison and tolerance, Problem validation, the stage list.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "check.h"
+#include "reference.h"
+#include "stage_list.h"
+#include "tensors.h"
+
+using fa::Problem;
+
+namespace {
+Problem small(bool causal, int seq_q = 5, int seq_k = 7) {
+  Problem p;
+  p.batch = 2;
+  p.heads = 2;
+  p.kv_heads = 1;  // GQA: both query heads read kv head 0, so dK and dV sum two heads
+  p.seq_q = seq_q;
+  p.seq_k = seq_k;
+  p.head_dim = 4;
+  p.causal = causal;
+  return p;
+}
+
+// loss = Σ dO ∘ O, so ∂loss/∂O = dO and the reference backward gives its gradient.
+double loss(const Problem& p, const fa::Tensors& t) {
+  const fa::Reference r = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
+  double s = 0;
+  for (size_t i = 0; i < r.O.size(); ++i) s += double(t.dO[i]) * r.O[i];
+  return s;
+}
+
+// Central difference of the loss in element i of x; the step actually taken (after fp32
+// rounding of x ± eps) is the denominator.
+double central_difference(const Problem& p, fa::Tensors& t, std::vector<float>& x, size_t i) {
+  const float x0 = x[i], eps = 1.0f / 64;
+  x[i] = x0 + eps;
+  const double up = loss(p, t);
+  const float hi = x[i];
+  x[i] = x0 - eps;
+  const double down = loss(p, t);
+  const float lo = x[i];
+  x[i] = x0;
+  return (up - down) / (double(hi) - double(lo));
+}
+}  // namespace
+
+TEST_CASE("reference backward matches central finite differences") {
+  for (bool causal : {false, true}) {
+    const Problem p = small(causal, causal ? 9 : 5, 7);  // causal 9×7: rows 0,1 see no key
+    fa::Tensors t = fa::Tensors::make(p, 3, fa::Dist::Normal, true);
+    const fa::Reference r =
+        fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+    struct Grad {
+      const char* name;
+      std::vector<float>* x;
+      const std::vector<double>* g;
+    };
+    for (const Grad& gr : {Grad{"dQ", &t.Q, &r.dQ}, Grad{"dK", &t.K, &r.dK}, Grad{"dV", &t.V, &r.dV}}) {
+      for (size_t i = 0; i < gr.x->size(); i += 3) {
+        const double fd = central_difference(p, t, *gr.x, i);
+        const double an = (*gr.g)[i];
+        INFO(gr.name << "[" << i << "] causal=" << causal << " analytic " << an << " finite-diff " << fd);
+        CHECK(std::abs(fd - an) <= 2e-3 * (1.0 + std::abs(an)));
+      }
+    }
+  }
+}
+
+TEST_CASE("reference forward: P rows sum to 1, masked and empty rows, L = log-sum-exp") {
+  const Problem p = small(true, 9, 7);
+  fa::Tensors t = fa::Tensors::make(p, 4, fa::Dist::Normal, false);
+  const fa::Reference r = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(),
+                                                fa::RefMode::Exact, true);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h)
+      for (int i = 0; i < p.seq_q; ++i) {
+        const double* P = &r.P[size_t(((b * p.heads + h) * p.seq_q + i) * p.seq_k)];
+        double sum = 0;
+        for (int j = 0; j < p.seq_k; ++j) {
+          if (j >= p.visible_keys(i)) CHECK(P[j] == 0.0);  // bottom-right causal mask
+          sum += P[j];
+        }
+        const double L = r.L[size_t(p.l_offset(b, h, i))];
+        if (p.visible_keys(i) == 0) {
+          CHECK(sum == 0.0);
+          CHECK(L == -INFINITY);
+          for (int c = 0; c < p.head_dim; ++c) CHECK(r.O[size_t(p.q_offset(b, h, i) + c)] == 0.0);
+        } else {
+          CHECK(sum == doctest::Approx(1.0).epsilon(1e-12));
+          CHECK(L == doctest::Approx(r.m[size_t(p.l_offset(b, h, i))] +
+                                     std::log(r.l[size_t(p.l_offset(b, h, i))])));
+        }
+      }
+}
+
+TEST_CASE("bottom-right causal alignment") {
+  Problem p;
+  p.causal = true;
+  p.seq_q = 3;
+  p.seq_k = 5;  // decoding: the last query row sees every key
+  CHECK(p.visible_keys(0) == 3);
+  CHECK(p.visible_keys(2) == 5);
+  p.seq_q = 5;
+  p.seq_k = 3;  // more queries than keys: the first two rows see nothing
+  CHECK(p.visible_keys(0) == 0);
+  CHECK(p.visible_keys(1) == 0);
+  CHECK(p.visible_keys(2) == 1);
+  CHECK(p.visible_keys(4) == 3);
+  p.seq_q = p.seq_k = 4;  // square: the usual lower triangle
+  for (int i = 0; i < 4; ++i) CHECK(p.visible_keys(i) == i + 1);
+}
+
+TEST_CASE("the check fails a wrong output and names the worst element") {
+  const Problem p = small(false, 6, 8);
+  fa::Tensors t = fa::Tensors::make(p, 5, fa::Dist::Normal, false);
+  const fa::StageInfo& s = fa::find_stage("05");
+  REQUIRE(fa::check_forward(s, p, fa::Dtype::F32, t).pass());
+
+  SUBCASE("a perturbed element") {
+    const int64_t at = p.q_offset(1, 1, 4) + 2;
+    t.O[size_t(at)] += 1e-3f;
+    const fa::CheckReport r = fa::compare_forward(p, fa::Dtype::F32, t);
+    CHECK_FALSE(r.pass());
+    const fa::Comparison& o = r.at("O");
+    CHECK(o.b == 1);
+    CHECK(o.h == 1);
+    CHECK(o.row == 4);
+    CHECK(o.col == 2);
+    CHECK(o.summary().find("(1,1,4,2)") != std::string::npos);
+  }
+  SUBCASE("NaN never passes") {
+    t.O[7] = std::numeric_limits<float>::quiet_NaN();
+    const fa::CheckReport r = fa::compare_forward(p, fa::Dtype::F32, t);
+    CHECK_FALSE(r.pass());
+    CHECK(r.at("O").nonfinite_mismatch == 1);
+  }
+  SUBCASE("an unwritten (poisoned) output never passes") {
+    t.poison_outputs();
+    CHECK_FALSE(fa::compare_forward(p, fa::Dtype::F32, t).pass());
+  }
+  SUBCASE("a finite L where the reference has -inf fails") {
+    Problem q = small(true, 9, 7);
+    fa::Tensors u = fa::Tensors::make(q, 6, fa::Dist::Normal, false);
+    REQUIRE(fa::check_forward(s, q, fa::Dtype::F32, u).pass());
+    u.L[0] = -1e30f;  // row 0 sees no key: L must be exactly -inf
+    CHECK_FALSE(fa::compare_forward(q, fa::Dtype::F32, u).pass());
+  }
+}
+
+TEST_CASE("tolerance: twice the same-precision baseline plus a floor of a few ulps") {
+  const std::vector<double> exact{1.0, -2.0, 0.5}, base{1.0 + 1e-6, -2.0, 0.5};
+  const double tol = fa::tolerance(exact, base, fa::Dtype::F32);
+  CHECK(tol == doctest::Approx(2e-6 + 8 * std::ldexp(1.0, -24) * 2.0));
+  // bf16's unit roundoff is 2^-8, so its floor is 2^16 times fp32's.
+  CHECK(fa::unit_roundoff(fa::Dtype::BF16) == std::ldexp(1.0, -8));
+  // The fp16 baseline (inputs and P rounded) lands much farther from exact than fp32's.
+  const Problem p = small(false, 16, 16);
+  fa::Tensors t = fa::Tensors::make(p, 8, fa::Dist::Normal, false);
+  const auto ex = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
+  const auto f32 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F32);
+  const auto f16 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F16);
+  CHECK(fa::tolerance(ex.O, f16.O, fa::Dtype::F16) > 10 * fa::tolerance(ex.O, f32.O, fa::Dtype::F32));
+}
+
+TEST_CASE("a bad Problem is refused with a message naming the value") {
+  auto message = [](Problem p) {
+    try {
+      p.validate("test");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Problem p;
+  p.heads = 8;
+  p.kv_heads = 3;
+  CHECK(message(p).find("heads = 8 is not a multiple of kv_heads = 3") != std::string::npos);
+  p = Problem{};
+  p.seq_q = -4;
+  CHECK(message(p).find("seq_q = -4") != std::string::npos);
+  p = Problem{};
+  p.head_dim = 0;
+  CHECK(message(p).find("head_dim = 0") != std::string::npos);
+  p = Problem{};
+  p.scale = std::numeric_limits<float>::infinity();
+  CHECK(message(p).find("scale = inf") != std::string::npos);
+  p = Problem{};
+  p.seq_q = 0;
+  p.seq_k = 0;
+  CHECK(message(p) == "accepted");  // empty sequences are valid
+  CHECK_THROWS_AS(fa::parse_dtype("f64"), std::invalid_argument);
+  CHECK_THROWS_AS(fa::parse_dist("cauchy"), std::invalid_argument);
+}
+
+TEST_CASE("the stage list: names, prefixes, unknown names") {
+  const auto& all = fa::all_stages();
+  REQUIRE(all.size() >= 5);
+  CHECK(all[0].name == "01_naive");
+  CHECK(fa::find_stage("03").name == "03_three_pass");
+  CHECK(fa::find_stage("05_one_pass_fused").name == "05_one_pass_fused");
+  CHECK_THROWS_WITH_AS(fa::find_stage("0"), doctest::Contains("matches several"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(fa::find_stage("99"), doctest::Contains("is not a stage"), std::invalid_argument);
+  for (size_t i = 1; i < all.size(); ++i) CHECK(all[i - 1].name < all[i].name);
+}

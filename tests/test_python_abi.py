@@ -1,0 +1,62 @@
+"""The C ABI through the ctypes wrapper (notebooks/fa.py), checked against numpy."""
+import pathlib
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "notebooks"))
+import fa  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+names = fa.stages()
+check(names[:5] == ["01_naive", "02_safe_softmax", "03_three_pass", "04_two_pass_online",
+                    "05_one_pass_fused"], f"stage list starts with 01..05: {names}")
+
+rng = np.random.default_rng(3)
+for causal in (False, True):
+    Q = rng.standard_normal((2, 4, 70, 32), dtype=np.float32)
+    K = rng.standard_normal((2, 2, 50, 32), dtype=np.float32)
+    V = rng.standard_normal((2, 2, 50, 32), dtype=np.float32)
+    O_ref, L_ref = fa.attention_numpy(Q, K, V, causal=causal)
+    for stage in [n for n in names if not fa.is_gpu(n)]:
+        O, L = fa.forward(stage, Q, K, V, causal=causal)
+        err_o = np.max(np.abs(O - O_ref))
+        finite = np.isfinite(L_ref)
+        err_l = np.max(np.abs(L[finite] - L_ref[finite]))
+        check(err_o < 1e-5 and err_l < 1e-5 and np.array_equal(np.isfinite(L), finite),
+              f"{stage} causal={causal}: |O-O_np|={err_o:.2e} |L-L_np|={err_l:.2e}")
+
+# Errors come back as codes with a message that names the value; nothing crashes.
+Q = np.zeros((1, 3, 4, 16), np.float32)
+K = np.zeros((1, 2, 4, 16), np.float32)
+try:
+    fa.forward("05", Q, K, K)
+    check(False, "heads=3 over kv_heads=2 refused")
+except fa.FaError as e:
+    check("heads = 3" in str(e), f"heads=3 over kv_heads=2 refused: {e}")
+try:
+    fa.forward("99", Q, K, K)
+    check(False, "unknown stage refused")
+except fa.FaError as e:
+    check("is not a stage" in str(e), f"unknown stage refused: {e}")
+try:
+    fa.forward("05", Q[:, :2], K, K, dtype="bf16")
+    check(False, "bf16 on a CPU stage refused")
+except fa.FaError as e:
+    check("bf16" in str(e), f"bf16 on a CPU stage refused: {e}")
+lib = fa.library()
+check(lib.fa_stage_name(-1) is None and lib.fa_stage_name(999) is None, "out-of-range stage index gives NULL")
+check(lib.fa_stage_is_gpu(b"nope") == -1, "unknown stage: is_gpu = -1")
+check(lib.fa_forward(b"05", None, None, None, None, None, None) != 0
+      and b"NULL" in lib.fa_last_error(), "NULL problem refused")
+
+print(f"{len(failures)} failed")
+sys.exit(1 if failures else 0)
