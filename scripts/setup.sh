@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a Debian machine, only what is missing, then
+# configures and builds. Sourced by tour.sh and test.sh; a second call is fast.
+#
+#   scripts/setup.sh [build-dir]        (default: build)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$root/build}"
+
+# Debian packages: compilers and CMake are assumed (build-essential, cmake); the rest is
+# installed when missing. nvcc (the CUDA Toolkit) is optional: without it the GPU stages
+# are not built and the tour says so.
+need=()
+for pkg in libeigen3-dev doctest-dev libcli11-dev doxygen libjs-mathjax ninja-build cmake g++ python3-pip; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if ((${#need[@]})); then
+  echo "setup: installing ${need[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# Python packages for the ctypes test and the notebooks (from PyPI), when missing.
+if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel" 2>/dev/null; then
+  echo "setup: installing Python packages from notebooks/requirements.txt"
+  python3 -m pip install -q --disable-pip-version-check -r "$root/notebooks/requirements.txt"
+fi
+
+# nvcc is often installed outside PATH.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+cmake --build "$build" -j "$(nproc)"
