@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Checks the generated docs site (CTest: docs_check, after docs_build).
+
+    check_docs.py --html BUILD/docs/html --repo ROOT [--chromium auto|yes|no]
+
+By parsing the HTML (Python standard library only):
+  - the main page exists, holds the stage map with one row per stages/NN_* folder, and
+    links every stage that has notes;
+  - every stages/NN_*/README.md and docs/concepts/*.md became a page (its {#label}.html);
+  - every \\snippet in a page's source produced a code block with at least one non-blank
+    line, and every \\f$ \\f$ and \\f[ \\f] formula became MathJax markup (\\( \\), \\[ \\]);
+  - every page loads MathJax from the local copy (a relative src, no network), and the
+    MathJax files its configuration names are in the site;
+  - no lab marker (LAB BEGIN / LAB END) reached any page or source listing;
+  - every relative link on those pages and in the side-by-side reader leads to a file.
+With headless Chromium (when installed, or --chromium yes): one stage page and one concept
+page are rendered, and their formulas must come out as typeset MathJax without errors.
+
+Exit status 0 when everything holds; otherwise 1, after listing every failure.
+"""
+import argparse
+import html as htmllib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
+
+
+class Page(HTMLParser):
+    """Collects what the checks need from one Doxygen page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.fragments = []        # text of each <div class="fragment">, one string per line
+        self.scripts = []          # (src, inline text)
+        self.hrefs = []
+        self._stack = []           # open <div> kinds: "fragment", "line", or ""
+        self._in_script = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "div":
+            cls = (a.get("class") or "").split()
+            kind = "fragment" if "fragment" in cls else ("line" if "line" in cls else "")
+            if kind == "fragment":
+                self.fragments.append([])
+            elif kind == "line" and self._inside("fragment"):
+                self.fragments[-1].append("")
+            self._stack.append(kind)
+        elif tag == "script":
+            self._in_script = [a.get("src"), ""]
+        elif tag == "a" and a.get("href"):
+            self.hrefs.append(a["href"])
+        elif tag in ("iframe", "img") and a.get("src"):
+            self.hrefs.append(a["src"])
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self._stack:
+            self._stack.pop()
+        elif tag == "script" and self._in_script is not None:
+            self.scripts.append(tuple(self._in_script))
+            self._in_script = None
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            self._in_script[1] += data
+        if self._inside("line") and self._inside("fragment") and self.fragments:
+            if self.fragments[-1]:
+                self.fragments[-1][-1] += data
+
+    def _inside(self, kind):
+        return kind in self._stack
+
+
+def parse(path: Path) -> Page:
+    p = Page()
+    p.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return p
+
+
+def strip_code(md: str) -> str:
+    """Markdown source without fenced code and inline code spans (formulas and commands in
+    them are not Doxygen's)."""
+    md = re.sub(r"^( {0,3})(```|~~~).*?^\1\2[^\n]*$", "", md, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", md)
+
+
+class Checker:
+    def __init__(self, html_dir: Path, repo: Path):
+        self.html = html_dir
+        self.repo = repo
+        self.failures = []
+        self.checked_pages = 0
+
+    def fail(self, msg):
+        self.failures.append(msg)
+
+    # ------------------------------------------------------------------ one page
+    def check_source_page(self, md_path: Path, role: str):
+        """A Markdown page (stage notes or concept page): exists, snippets, formulas."""
+        text = md_path.read_text(encoding="utf-8")
+        first = text.splitlines()[0] if text.strip() else ""
+        m = LABEL_RE.search(first)
+        rel = md_path.relative_to(self.repo)
+        if not m:
+            self.fail(f"{rel}: first line has no {{#label}}, so it has no stable page name")
+            return None
+        label = m.group(1)
+        page_file = self.html / f"{label}.html"
+        if not page_file.exists():
+            self.fail(f"{rel}: {role} page {page_file.name} was not generated")
+            return None
+        page = parse(page_file)
+        self.checked_pages += 1
+        src = strip_code(text)
+
+        # Snippets: one non-empty code block per \snippet (and per \include*).
+        n_snippets = len(re.findall(r"^[ \t]*[\\@](?:snippet|snippetlineno|include|includelineno)\b",
+                                    src, flags=re.M))
+        nonempty = [f for f in page.fragments if any(line.strip() for line in f)]
+        empty = len(page.fragments) - len(nonempty)
+        if len(nonempty) < n_snippets:
+            self.fail(f"{rel}: {n_snippets} \\snippet commands but {len(nonempty)} non-empty "
+                      f"code blocks in {page_file.name} ({empty} empty)")
+        if empty:
+            self.fail(f"{rel}: {page_file.name} has {empty} empty code block(s) (a snippet "
+                      f"marker that encloses nothing?)")
+
+        # Formulas: every \f$...\f$ and \f[...\f] became \( \) or \[ \] markup.
+        raw = page_file.read_text(encoding="utf-8", errors="replace")
+        n_inline = len(re.findall(r"\\f\$", src)) // 2
+        n_display = len(re.findall(r"\\f\[", src))
+        got_inline = raw.count("\\(")
+        got_display = raw.count("\\[")
+        if got_inline < n_inline:
+            self.fail(f"{rel}: {n_inline} inline formulas in the source, {got_inline} in "
+                      f"{page_file.name}")
+        if got_display < n_display:
+            self.fail(f"{rel}: {n_display} display formulas in the source, {got_display} in "
+                      f"{page_file.name}")
+        if "\\f$" in raw or "\\f[" in raw:
+            self.fail(f"{page_file.name}: raw \\f$ or \\f[ left in the page (a formula Doxygen "
+                      f"did not convert)")
+        self.check_mathjax_refs(page_file, page)
+        self.check_links(page_file, page)
+        return label
+
+    def check_mathjax_refs(self, page_file: Path, page: Page):
+        srcs = [s for s, _ in page.scripts if s and "mathjax" in s.lower()]
+        if not srcs:
+            self.fail(f"{page_file.name}: does not load MathJax")
+            return
+        for s in srcs:
+            if re.match(r"^(https?:)?//", s):
+                self.fail(f"{page_file.name}: loads MathJax from the network ({s}); the site "
+                          f"must work offline")
+                continue
+            target = (page_file.parent / s.split("?")[0]).resolve()
+            if not target.exists():
+                self.fail(f"{page_file.name}: MathJax script {s} is not in the site")
+        for _, inline in page.scripts:
+            if "MathJax.Hub.Config" not in inline:
+                continue
+            root = self.html / "mathjax"
+            for ext in re.findall(r"\"([A-Za-z0-9_/]+\.js)\"", inline):
+                if not (root / "extensions" / ext).exists():
+                    self.fail(f"{page_file.name}: MathJax extension {ext} is missing from "
+                              f"mathjax/extensions")
+            for jax in re.findall(r"\"((?:input|output)/[A-Za-z-]+)\"", inline):
+                if not (root / "jax" / jax / "config.js").exists():
+                    self.fail(f"{page_file.name}: MathJax {jax} is missing from mathjax/jax")
+
+    def check_links(self, page_file: Path, page: Page):
+        for href in page.hrefs:
+            if re.match(r"^([a-z]+:|#|javascript:)", href):
+                continue
+            target = href.split("#")[0].split("?")[0]
+            if not target:
+                continue
+            if not (page_file.parent / htmllib.unescape(target)).exists():
+                self.fail(f"{page_file.name}: link to {href}, which is not in the site")
+
+    # ------------------------------------------------------------------ the site
+    def run(self):
+        index = self.html / "index.html"
+        if not index.exists():
+            self.fail(f"{index} does not exist: was the docs target built?")
+            return
+        main = parse(index)
+        self.check_mathjax_refs(index, main)
+        self.check_links(index, main)
+        main_text = index.read_text(encoding="utf-8", errors="replace")
+
+        stage_dirs = sorted(d for d in (self.repo / "stages").glob("[0-9][0-9]_*") if d.is_dir())
+        for d in stage_dirs:
+            if d.name not in main_text:
+                self.fail(f"index.html: the stage map has no row for {d.name}")
+            readme = d / "README.md"
+            if readme.exists():
+                label = self.check_source_page(readme, "stage")
+                if label and f'href="{label}.html"' not in main_text:
+                    self.fail(f"index.html: the stage map does not link {label}.html "
+                              f"({d.name}'s notes)")
+        concepts = sorted((self.repo / "docs" / "concepts").glob("*.md"))
+        if not concepts:
+            self.fail("docs/concepts/ holds no page")
+        for c in concepts:
+            self.check_source_page(c, "concept")
+        mainpage = self.repo / "docs" / "mainpage.md"
+        if mainpage.exists():
+            text = strip_code(mainpage.read_text(encoding="utf-8"))
+            if len(re.findall(r"\\f\$", text)) // 2 > main_text.count("\\("):
+                self.fail("index.html: inline formulas of docs/mainpage.md were not converted")
+        for extra in ("stages.html", "results.html"):
+            p = self.html / extra
+            if not p.exists():
+                self.fail(f"{extra} was not generated (docs/gen_pages.py)")
+            else:
+                self.check_links(p, parse(p))
+
+        # The side-by-side reader: every stage folder listed, every page it names exists.
+        stage_pages = []
+        reader = self.html / "reader.html"
+        if not reader.exists():
+            self.fail("reader.html was not generated")
+        else:
+            t = reader.read_text(encoding="utf-8")
+            m = re.search(r"const STAGES = (\[.*?\]);\n", t, flags=re.S)
+            if not m:
+                self.fail("reader.html: no stage data")
+            else:
+                data = json.loads(m.group(1))
+                ids = {s["id"] for s in data}
+                for d in stage_dirs:
+                    if d.name not in ids:
+                        self.fail(f"reader.html: stage {d.name} missing")
+                for s in data:
+                    for href in [s["notes"]] + [f["href"] for f in s["files"]]:
+                        if not href:
+                            continue
+                        if not (self.html / href).exists():
+                            self.fail(f"reader.html: {s['id']} names {href}, which is not in "
+                                      f"the site")
+                        else:
+                            stage_pages.append(self.html / href)
+                    if not s["files"]:
+                        self.fail(f"reader.html: {s['id']} has no source file")
+
+        # No lab marker in a stage's notes or annotated source, or in a concept page: the
+        # docs show the solution, as a plain program.
+        stage_pages += sorted(self.html.glob("concept_*.html"))
+        for f in stage_pages:
+            page = parse(f)
+            for frag in page.fragments:
+                for line in frag:
+                    code = re.sub(r"^\s*\d+\s?", "", line).strip()
+                    if re.match(r"//\s*LAB (BEGIN:|END$)", code):
+                        self.fail(f"{f.name}: shows the lab marker '{code[:40]}' (the docs "
+                                  f"filter should blank it)")
+        print(f"check_docs: {self.checked_pages} note/concept pages, {len(stage_dirs)} stage "
+              f"folders checked")
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, chromium: str):
+        """Typesets a stage page and a concept page in headless Chromium and looks at the DOM."""
+        pages = sorted(self.html.glob("stage_[0-9][0-9].html"))[:1]
+        pages += sorted(self.html.glob("concept_*.html"))[:1]
+        for p in pages:
+            try:
+                out = subprocess.run(
+                    [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                     "--virtual-time-budget=20000", "--dump-dom", p.resolve().as_uri()],
+                    capture_output=True, text=True, timeout=120).stdout
+            except (OSError, subprocess.TimeoutExpired) as e:
+                self.fail(f"chromium could not render {p.name}: {e}")
+                continue
+            typeset = len(re.findall(r'class="MathJax(?:_Display)?"', out))
+            errors = len(re.findall(r'class="(?:MathJax_Error|merror)"', out))
+            raw = p.read_text(encoding="utf-8", errors="replace")
+            expected = raw.count("\\(") + raw.count("\\[")
+            print(f"check_docs: chromium typeset {typeset} formulas in {p.name} "
+                  f"({expected} in the page), {errors} errors")
+            if expected and typeset == 0:
+                self.fail(f"{p.name}: MathJax typeset nothing in headless Chromium")
+            if errors:
+                self.fail(f"{p.name}: MathJax reported {errors} errors in headless Chromium")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--html", required=True, type=Path)
+    ap.add_argument("--repo", required=True, type=Path)
+    ap.add_argument("--chromium", choices=("auto", "yes", "no"), default="auto")
+    args = ap.parse_args()
+    c = Checker(args.html.resolve(), args.repo.resolve())
+    c.run()
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if args.chromium == "yes" and not browser:
+        c.fail("--chromium yes, but no chromium on PATH")
+    elif args.chromium != "no" and browser and not c.failures:
+        c.render(browser)
+    elif args.chromium == "auto" and not browser:
+        print("check_docs: no chromium on PATH; rendering not checked (the HTML was)")
+    for f in c.failures:
+        print("FAIL: " + f)
+    print("check_docs: " + ("PASS" if not c.failures else f"{len(c.failures)} failure(s)"))
+    return 0 if not c.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
