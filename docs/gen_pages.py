@@ -205,7 +205,7 @@ def points_from(path: Path, rows):
     """
     pts = []
     for r in rows:
-        what = get(r, "what", "stage", "name", "kernel")
+        what = get(r, "stage", "what", "name", "kernel")
         if not what or what.startswith("ceiling"):
             continue
         N, d = num(get(r, "n", "seq", "seq_q")), num(get(r, "d", "head_dim"))
@@ -232,7 +232,10 @@ def points_from(path: Path, rows):
             else:
                 nbytes = 8 * N * d * size + 8 * N
                 ai = 2.5 * flops / nbytes
-            series = f"{what} {dirn}"
+            # Rows of the project's own stages (any H200 file but the anchors) are drawn as
+            # diamonds; the anchors as circles.
+            stage = path.name != "h200_anchors.csv"
+            series = f"{what} {dirn}" + (" (stage)" if stage else "")
             pts.append((series, ai, tf, dtype, f"{path.name}: {what} {dtype} d={int(d)} "
                         f"N={int(N)}{' causal' if causal else ''} {dirn} {tf:g} TFLOP/s"))
     return pts
@@ -248,6 +251,15 @@ def ceilings_from(tables):
                 if v:
                     ceil[what] = (v, path.name)
     return ceil
+
+
+def marker(x, y, diamond, fill, stroke, title):
+    """A circle (anchors) or a larger diamond (the project's stages), with a hover title."""
+    t = f"<title>{html.escape(title)}</title>"
+    if diamond:
+        return (f'<path d="M{x:.1f},{y - 6:.1f} L{x + 6:.1f},{y:.1f} L{x:.1f},{y + 6:.1f} '
+                f'L{x - 6:.1f},{y:.1f} Z" fill="{fill}" stroke="{stroke}">{t}</path>')
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" stroke="{stroke}">{t}</circle>'
 
 
 def svg_roofline(tables) -> str:
@@ -311,13 +323,12 @@ def svg_roofline(tables) -> str:
             if s != name or not (x0 <= ai <= x1 and y0 <= tf <= y1):
                 continue
             fill = "white" if hollow else color
-            out.append(f'<circle cx="{X(ai):.1f}" cy="{Y(tf):.1f}" r="3.5" fill="{fill}" '
-                       f'stroke="{color}"><title>{html.escape(title)}</title></circle>')
+            out.append(marker(X(ai), Y(tf), name.endswith("(stage)"), fill, color, title))
         legend.append((name, color, hollow))
     for k, (name, color, hollow) in enumerate(legend):
         y = T_ + 14 + 16 * k
-        out.append(f'<circle cx="{W - R_ + 16}" cy="{y - 4}" r="4" '
-                   f'fill="{"white" if hollow else color}" stroke="{color}"/>')
+        out.append(marker(W - R_ + 16, y - 4, name.endswith("(stage)"),
+                          "white" if hollow else color, color, name))
         out.append(f'<text x="{W - R_ + 26}" y="{y}">{html.escape(name)}</text>')
     if not pts:
         out.append(f'<text x="{(L_ + W - R_) / 2}" y="{T_ + 20}" text-anchor="middle">'
@@ -363,7 +374,7 @@ def svg_causal_tiles() -> str:
     return "\n".join(out) + "\n"
 
 
-def results_page(tables) -> str:
+def results_page(tables, results: Path) -> str:
     out = ["# Measured results {#results}", "",
            "Every CSV committed under `docs/results/`, as measured: nothing on this page is "
            "typed in by hand. The H200 anchors (PyTorch's attention backends, the "
@@ -381,6 +392,11 @@ def results_page(tables) -> str:
            ""]
     if not tables:
         out += ["No CSV under `docs/results/` yet.", ""]
+    for note in sorted(results.glob("*.md")):
+        # The notes that describe the files (how and where they were measured), one heading
+        # level down so that they sit under this page's title.
+        text = note.read_text(encoding="utf-8")
+        out += [re.sub(r"^(#+)", r"#\1", line) for line in text.splitlines()] + [""]
     for path, rows in tables:
         out += [f"## {path.name}", ""]
         if not rows:
@@ -413,7 +429,7 @@ def cmd_pages(args) -> int:
     tables = read_csvs(repo / "docs" / "results")
     write_if_changed(out / "include" / "stage_table.md", stage_table(stages, input_names(repo)))
     write_if_changed(out / "pages" / "stages.md", stages_page(stages))
-    write_if_changed(out / "pages" / "results.md", results_page(tables))
+    write_if_changed(out / "pages" / "results.md", results_page(tables, repo / "docs" / "results"))
     write_if_changed(out / "images" / "roofline.svg", svg_roofline(tables))
     write_if_changed(out / "images" / "causal_tiles.svg", svg_causal_tiles())
     print(f"docs: {len(stages)} stage folders, {sum(1 for s in stages if s.label)} with notes, "
