@@ -1,0 +1,538 @@
+// Stage 07 — the tiled forward as a CUDA kernel: fp32, tiles in shared memory, scores and
+// output in registers.
+//
+// What changed from stage 06, and why: stage 06 blocked the computation into B_r × B_c
+// tiles sized to a fast-memory budget, but one CPU core still did every multiply. Here the
+// same loop nest runs on the GPU. Each query tile Q_i becomes one thread block, the fast
+// memory becomes the block's shared memory, and the tile products are split among 128
+// threads so that each thread keeps a small piece of S_ij and of O_i in its registers
+// ("register tiling"): a value read once from shared memory feeds several multiply-adds.
+// The arithmetic is the same as stage 06; only where the numbers live has changed.
+//
+// Algorithm (FlashAttention-2 forward, one thread block per (batch·head, query tile i)):
+//   load Q_i                                   [B_r, d] into shared memory, once
+//   m_i = −∞, l_i = 0, O_i = 0                 per row, in registers
+//   for j = 0 … last key tile this tile can see (causal: tiles above the diagonal skipped):
+//     load K_j, V_j                            [B_c, d] each, into shared memory
+//     S_ij = Q_i K_jᵀ                          [B_r, B_c], in registers; mask tails/causal
+//     m_new = max(m_i, rowmax(S_ij));  P_ij = exp(scale·(S_ij − m_new))
+//     l_i = e^{scale·(m_i − m_new)}·l_i + rowsum(P_ij);  O_i = e^{scale·(m_i − m_new)}·O_i
+//     O_i += P_ij V_j                          P_ij goes through shared memory
+//   O_i /= l_i;  L_i = scale·m_i + log(l_i)    (a row that sees no key: O = 0, L = −∞)
+//
+// Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q];
+// fp32, device pointers, 16-byte aligned. Grouped-query attention: head h reads kv head
+// h / (heads / kv_heads). Any N_q, N_k ≥ 0 (tails are masked); causal mask bottom-right.
+// Limits: d ∈ {16, 32, 40, 64, 80, 96, 128}; fp32 on CUDA cores (no tensor cores: stage 08).
+// Run:   ./build/stages/07_smem_cuda/stage07 --seq-q 4096 --seq-k 4096 --head-dim 128 --bench
+//        ./build/stages/07_smem_cuda/stage07 --causal --block-k 64      (a different B_c)
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_utils.h"
+#include "smem_cuda.h"
+
+namespace fa::stage07 {
+namespace {
+
+const char* const kStage = "07_smem_cuda";
+
+// ---------------------------------------------------------------------------------------
+// Tile shapes and the thread layout
+//
+// 128 threads (4 warps) compute one B_r = 64-row query tile. Seen as a 16 × 8 grid:
+//   g = tid / 8  (0..15)  row group    → rows g, g+16, g+32, g+48 of the tile
+//   c = tid % 8  (0..7)   column group → columns c, c+8, c+16, ... of S_ij   (B_c/8 of them)
+//                                      → columns 4c..4c+3, 32+4c..32+4c+3, ... of O_i (D/8)
+// So each thread owns a 4 × (B_c/8) piece of S_ij and a 4 × (D/8) piece of O_i. The 8
+// threads of one row group are 8 consecutive lanes of one warp: a row's max and sum are
+// reduced among them with three __shfl_xor_sync steps (lane xor 1, 2, 4).
+// ---------------------------------------------------------------------------------------
+constexpr int kThreads = 128;
+constexpr int kBlockQ = 64;                           // B_r
+constexpr int kColGroups = 8;                         // threads sharing one row
+constexpr int kRowGroups = kThreads / kColGroups;     // 16
+constexpr int kRowsPerThread = kBlockQ / kRowGroups;  // 4
+// Every shared row that is read as float4 by threads on different rows is padded by 4
+// floats: consecutive rows then start in different 16-byte bank groups, so the 4 (or 8)
+// different rows one warp reads at the same column hit different banks (no conflicts).
+constexpr int kPad = 4;
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kLog2e = 1.442695040888963407f;
+
+// One compiled configuration: D = head dim padded to a multiple of 32, B_c = keys per tile.
+template <int D_, int B_c_>
+struct Config {
+  static constexpr int D = D_;
+  static constexpr int B_c = B_c_;
+  static constexpr int kSCols = B_c / kColGroups;  // columns of S_ij per thread
+  static constexpr int kOCols = D / kColGroups;    // columns of O_i per thread
+  static constexpr int kQStride = D + kPad;        // sQ: [B_r][D + 4]
+  static constexpr int kKStride = D + kPad;        // sK: [B_c][D + 4]
+  static constexpr int kVStride = D;               // sV: [B_c][D]   (read along rows: no pad)
+  static constexpr int kPStride = B_c + kPad;      // sP: [B_r][B_c + 4]
+  static constexpr int kQFloats = kBlockQ * kQStride;
+  static constexpr int kKFloats = B_c * kKStride;
+  static constexpr int kVFloats = B_c * kVStride;
+  static constexpr int kPFloats = kBlockQ * kPStride;
+  static constexpr size_t kSharedBytes =
+      sizeof(float) * size_t(kQFloats + kKFloats + kVFloats + kPFloats);
+  // Blocks that fit on one SM of an H100/H200 by shared memory (228 KiB, 1 KiB reserved per
+  // block), capped where the register file runs out first: 3 blocks leave 168 registers a
+  // thread, 4 leave 128, which spills once a thread holds 32 scores (B_c = 64). The compiler
+  // is told this target (__launch_bounds__) and fits its register use to it.
+  static constexpr int kSmemBlocks = int(233472 / (kSharedBytes + 1024));
+  static constexpr int kMinBlocks = kSmemBlocks < (B_c == 64 ? 3 : 4) ? kSmemBlocks : (B_c == 64 ? 3 : 4);
+  static_assert(D % 32 == 0 && (B_c == 32 || B_c == 64), "unsupported tile configuration");
+};
+
+// What a block needs to know about the problem. Sizes stay 32-bit; every offset into a
+// tensor is computed in 64 bits (a tensor may hold more than 2³¹ elements).
+struct Params {
+  const float* Q;
+  const float* K;
+  const float* V;
+  float* O;
+  float* L;
+  int heads, kv_heads, group;  // group = heads / kv_heads query heads per kv head
+  int seq_q, seq_k, d;         // N_q, N_k, and the real head dim (d ≤ D)
+  int T_r;                     // query tiles per head
+  int causal;
+  float scale_log2;            // softmax scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
+};
+
+// 2^x as one MUFU.EX2 instruction. A result below 2^−126 is flushed to zero (".ftz"): such
+// a probability is far below what the fp32 row sum can resolve. (exp2f() compiles to the
+// same instruction plus three more that keep those tiny results.)
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Copies rows [row0, row0 + ROWS) of a row-major [n_rows][d] matrix into a shared tile of
+// ROWS × STRIDE floats, 16 bytes (one float4 "chunk") per thread per row. Rows at or past
+// n_rows and columns at or past d (up to D) become zeros: a zero key row gives a score the
+// mask removes, a zero value row adds nothing, so the products need no tail cases.
+// Thread t copies chunk column t % kChunkCols of rows t / kChunkCols, + kRowStep, + 2·kRowStep,
+// ...; a warp thus reads whole rows, 512 contiguous bytes at a time. kChunkCols is D/4
+// rounded up to a power of two so that it divides the 128 threads (for D = 96, 8 of every
+// 32 lanes have no column and stay idle). `fetch` issues all global loads first, so their
+// latencies overlap; `store` then writes shared memory.
+template <int ROWS, int D, int STRIDE>
+struct TileCopy {
+  static constexpr int kChunkCols = D / 4 <= 8 ? 8 : D / 4 <= 16 ? 16 : 32;
+  static constexpr int kRowStep = kThreads / kChunkCols;
+  static constexpr int kPerThread = ROWS / kRowStep;
+  static_assert(D / 4 <= 32 && ROWS % kRowStep == 0, "tile must split evenly over the block");
+  float4 chunk[kPerThread];
+
+  __device__ __forceinline__ void fetch(const float* src, int64_t row0, int64_t n_rows, int d) {
+    const int col = 4 * (int(threadIdx.x) % kChunkCols), r = int(threadIdx.x) / kChunkCols;
+    const int rows = n_rows - row0 < ROWS ? int(n_rows - row0) : ROWS;  // rows that exist
+    const float* from = src + (row0 + r) * d + col;  // this thread's first chunk
+#pragma unroll
+    for (int n = 0; n < kPerThread; ++n)
+      chunk[n] = (col < d && r + n * kRowStep < rows)
+                     ? *reinterpret_cast<const float4*>(from + n * kRowStep * d)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __device__ __forceinline__ void store(float* dst) const {
+    const int col = 4 * (int(threadIdx.x) % kChunkCols), r = int(threadIdx.x) / kChunkCols;
+    if (col >= D) return;  // only for D = 96: lanes past the last column
+#pragma unroll
+    for (int n = 0; n < kPerThread; ++n)
+      *reinterpret_cast<float4*>(dst + (r + n * kRowStep) * STRIDE + col) = chunk[n];
+  }
+};
+
+// S_ij = Q_i K_jᵀ for this thread's 4 rows × B_c/8 columns, reading 4 consecutive k at a
+// time as float4: per step 4 + B_c/8 float4 reads from shared memory feed 16·B_c/8 FMAs.
+template <typename C>
+__device__ __forceinline__ void scores_tile(const float* sQ, const float* sK, int g, int c,
+                                            float (&S)[kRowsPerThread][C::kSCols]) {
+#pragma unroll
+  for (int t = 0; t < kRowsPerThread; ++t)
+#pragma unroll
+    for (int u = 0; u < C::kSCols; ++u) S[t][u] = 0.f;
+  //! [scores]
+  // LAB BEGIN: scores — hint: S[t][u] = Σ_k Q_i[g + 16t][k] · K_j[c + 8u][k]; read 4 k at a time as float4
+#pragma unroll 4
+  for (int k = 0; k < C::D; k += 4) {
+    float4 q[kRowsPerThread], key[C::kSCols];
+#pragma unroll
+    for (int t = 0; t < kRowsPerThread; ++t)
+      q[t] = *reinterpret_cast<const float4*>(sQ + (g + kRowGroups * t) * C::kQStride + k);
+#pragma unroll
+    for (int u = 0; u < C::kSCols; ++u)
+      key[u] = *reinterpret_cast<const float4*>(sK + (c + kColGroups * u) * C::kKStride + k);
+#pragma unroll
+    for (int t = 0; t < kRowsPerThread; ++t)
+#pragma unroll
+      for (int u = 0; u < C::kSCols; ++u) {
+        S[t][u] = fmaf(q[t].x, key[u].x, S[t][u]);
+        S[t][u] = fmaf(q[t].y, key[u].y, S[t][u]);
+        S[t][u] = fmaf(q[t].z, key[u].z, S[t][u]);
+        S[t][u] = fmaf(q[t].w, key[u].w, S[t][u]);
+      }
+  }
+  // LAB END
+  //! [scores]
+}
+
+// The online-softmax step for this thread's 4 rows (FlashAttention-2, in base 2):
+//   m_new = max(m, rowmax(S))              row_max holds m·scale·log2(e)
+//   P = 2^{S·scale_log2 − m_new}           overwrites S
+//   l = 2^{m − m_new}·l + rowsum(P)        this thread's columns only (summed at the end)
+//   O = 2^{m − m_new}·O
+// All 8 threads of a row find the same m_new, so each may keep a partial l over its own
+// columns: the partials are added once, after the last tile.
+template <typename C>
+__device__ __forceinline__ void online_softmax(float (&S)[kRowsPerThread][C::kSCols],
+                                               float (&row_max)[kRowsPerThread],
+                                               float (&row_sum)[kRowsPerThread],
+                                               float (&O_acc)[kRowsPerThread][C::kOCols],
+                                               float scale_log2) {
+  //! [online softmax]
+  // LAB BEGIN: online softmax — hint: reduce the tile max over the row's 8 lanes (xor 1, 2, 4), then rescale l and O by 2^{m_old − m_new}
+#pragma unroll
+  for (int t = 0; t < kRowsPerThread; ++t) {
+    float tile_max = S[t][0];
+#pragma unroll
+    for (int u = 1; u < C::kSCols; ++u) tile_max = fmaxf(tile_max, S[t][u]);
+    // The other 7 columns groups of this row are lanes (lane xor 1, 2, 4) of this warp.
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
+    const float m_new = fmaxf(row_max[t], tile_max * scale_log2);
+    // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead of −∞
+    // keeps its P at 2^{−∞} = 0 rather than 2^{−∞+∞} = NaN.
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = exp2_ftz(row_max[t] - m_use);  // e^{scale·(m_old − m_new)}; 0 on the first tile
+    float tile_sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < C::kSCols; ++u) {
+      S[t][u] = exp2_ftz(fmaf(S[t][u], scale_log2, -m_use));  // P_ij = e^{scale·S_ij − scale·m_new}
+      tile_sum += S[t][u];
+    }
+    row_sum[t] = alpha * row_sum[t] + tile_sum;
+    row_max[t] = m_new;
+#pragma unroll
+    for (int v = 0; v < C::kOCols; ++v) O_acc[t][v] *= alpha;
+  }
+  // LAB END
+  //! [online softmax]
+}
+
+// O_i += P_ij V_j for this thread's 4 rows × D/8 columns, 4 keys per step: per step 4
+// float4 reads of P and 4·D/32 float4 reads of V feed 16·D/8 FMAs.
+template <typename C>
+__device__ __forceinline__ void accumulate_pv(const float* sP, const float* sV, int g, int c,
+                                              float (&O_acc)[kRowsPerThread][C::kOCols]) {
+  //! [accumulate pv]
+  // LAB BEGIN: accumulate pv — hint: O[t][4s+e'] += Σ_k P_ij[g + 16t][k] · V_j[k][32s + 4c + e']
+#pragma unroll 2
+  for (int k = 0; k < C::B_c; k += 4) {
+    float p[kRowsPerThread][4];  // P_ij[row][k..k+3] for this thread's 4 rows
+#pragma unroll
+    for (int t = 0; t < kRowsPerThread; ++t) {
+      const float4 p4 = *reinterpret_cast<const float4*>(sP + (g + kRowGroups * t) * C::kPStride + k);
+      p[t][0] = p4.x, p[t][1] = p4.y, p[t][2] = p4.z, p[t][3] = p4.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int s = 0; s < C::D / 32; ++s) {
+        const float4 v = *reinterpret_cast<const float4*>(sV + (k + e) * C::kVStride + 32 * s + 4 * c);
+#pragma unroll
+        for (int t = 0; t < kRowsPerThread; ++t) {
+          O_acc[t][4 * s + 0] = fmaf(p[t][e], v.x, O_acc[t][4 * s + 0]);
+          O_acc[t][4 * s + 1] = fmaf(p[t][e], v.y, O_acc[t][4 * s + 1]);
+          O_acc[t][4 * s + 2] = fmaf(p[t][e], v.z, O_acc[t][4 * s + 2]);
+          O_acc[t][4 * s + 3] = fmaf(p[t][e], v.w, O_acc[t][4 * s + 3]);
+        }
+      }
+    }
+  }
+  // LAB END
+  //! [accumulate pv]
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel: one thread block per (batch·head, query tile).
+// ---------------------------------------------------------------------------------------
+template <typename C>
+__global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(const Params p) {
+  //! [shared layout]
+  // Shared memory, carved from one dynamic allocation (C::kSharedBytes):
+  extern __shared__ float4 shared_mem[];
+  float* sQ = reinterpret_cast<float*>(shared_mem);  // [B_r][D + 4]   Q_i, loaded once
+  float* sK = sQ + C::kQFloats;                      // [B_c][D + 4]   K_j
+  float* sV = sK + C::kKFloats;                      // [B_c][D]       V_j
+  float* sP = sV + C::kVFloats;                      // [B_r][B_c + 4] P_ij
+  //! [shared layout]
+
+  //! [block and thread indices]
+  // Query tiles are handed out last-first: under a causal mask the last tile of a head
+  // sees the most keys, and starting the longest blocks first keeps the GPU busy at the end.
+  const int tile = p.T_r - 1 - int(blockIdx.x % unsigned(p.T_r));
+  const int64_t bh = blockIdx.x / unsigned(p.T_r);  // batch · heads + head
+  const int64_t b = bh / p.heads, h = bh % p.heads;
+  const int64_t kv_head = h / p.group;              // grouped-query attention
+  const float* Q = p.Q + bh * p.seq_q * p.d;                        // [N_q, d] this head
+  const float* K = p.K + (b * p.kv_heads + kv_head) * p.seq_k * p.d;  // [N_k, d]
+  const float* V = p.V + (b * p.kv_heads + kv_head) * p.seq_k * p.d;  // [N_k, d]
+  const int64_t q0 = int64_t(tile) * kBlockQ;  // first query row of Q_i
+
+  const int g = int(threadIdx.x) / kColGroups;  // row group:    rows g + 16t
+  const int c = int(threadIdx.x) % kColGroups;  // column group: S columns c + 8u
+  //! [block and thread indices]
+
+  // Bottom-right causal alignment: row r sees keys k ≤ r + (N_k − N_q). The last row of
+  // this tile decides how many keys the tile needs; tiles after that are never loaded.
+  const int64_t diag = int64_t(p.seq_k) - p.seq_q;
+  const int64_t q_end = q0 + kBlockQ < p.seq_q ? q0 + kBlockQ : p.seq_q;  // one past the last row
+  int64_t n_keys = p.seq_k;                                               // keys this tile needs
+  if (p.causal) n_keys = q_end + diag < 0 ? 0 : (q_end + diag < p.seq_k ? q_end + diag : p.seq_k);
+  const int T_c = int((n_keys + C::B_c - 1) / C::B_c);  // key tiles this block visits
+
+  {
+    TileCopy<kBlockQ, C::D, C::kQStride> q_tile;
+    q_tile.fetch(Q, q0, p.seq_q, p.d);
+    q_tile.store(sQ);  // read after the first __syncthreads() in the loop
+  }
+
+  float row_max[kRowsPerThread];                // m · scale · log2(e) per row
+  float row_sum[kRowsPerThread];                // l, over this thread's columns
+  float O_acc[kRowsPerThread][C::kOCols];       // unnormalised O_i, this thread's piece
+#pragma unroll
+  for (int t = 0; t < kRowsPerThread; ++t) {
+    row_max[t] = -INFINITY;
+    row_sum[t] = 0.f;
+#pragma unroll
+    for (int v = 0; v < C::kOCols; ++v) O_acc[t][v] = 0.f;
+  }
+
+  for (int j = 0; j < T_c; ++j) {
+    const int64_t k0 = int64_t(j) * C::B_c;  // first key of K_j
+    {
+      TileCopy<C::B_c, C::D, C::kKStride> k_tile;
+      TileCopy<C::B_c, C::D, C::kVStride> v_tile;
+      k_tile.fetch(K, k0, p.seq_k, p.d);
+      v_tile.fetch(V, k0, p.seq_k, p.d);
+      k_tile.store(sK);
+      v_tile.store(sV);
+    }
+    __syncthreads();  // K_j, V_j (and on j = 0 also Q_i) are complete before any warp reads them
+
+    float S[kRowsPerThread][C::kSCols];  // this thread's piece of S_ij, then of P_ij
+    scores_tile<C>(sQ, sK, g, c, S);
+
+    // Mask what the row may not see: keys past N_k (the tail tile) and, under the causal
+    // mask, keys right of the diagonal. Only tiles that cross either edge pay for it.
+    const bool crosses_edge =
+        k0 + C::B_c > p.seq_k || (p.causal && k0 + C::B_c - 1 > q0 + diag);
+    if (crosses_edge) {
+#pragma unroll
+      for (int t = 0; t < kRowsPerThread; ++t)
+#pragma unroll
+        for (int u = 0; u < C::kSCols; ++u) {
+          const int64_t row = q0 + g + kRowGroups * t, key = k0 + c + kColGroups * u;
+          if (key >= p.seq_k || (p.causal && key > row + diag)) S[t][u] = -INFINITY;
+        }
+    }
+
+    online_softmax<C>(S, row_max, row_sum, O_acc, p.scale_log2);
+
+    // P_ij to shared memory: the product with V_j needs, for each of this thread's rows,
+    // all B_c probabilities of that row, and 7/8 of them live in the other 7 lanes.
+#pragma unroll
+    for (int t = 0; t < kRowsPerThread; ++t)
+#pragma unroll
+      for (int u = 0; u < C::kSCols; ++u)
+        sP[(g + kRowGroups * t) * C::kPStride + c + kColGroups * u] = S[t][u];
+    __syncthreads();  // all of P_ij is written before any warp reads it
+
+    accumulate_pv<C>(sP, sV, g, c, O_acc);
+    __syncthreads();  // every warp is done with sK, sV, sP before the next tile overwrites them
+  }
+
+  //! [epilogue]
+  // O_i = O_acc / l and L_i = scale·m + ln l = ln2 · (m·scale·log2(e) + log2 l). The 8
+  // partial sums of a row are added first. A row that saw no key has l = 0: O = 0, L = −∞.
+  // (NaN inputs give l = NaN and so NaN in O and L, as the reference does.)
+#pragma unroll
+  for (int t = 0; t < kRowsPerThread; ++t) {
+    float l = row_sum[t];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    const int64_t row = q0 + g + kRowGroups * t;
+    if (row >= p.seq_q) continue;
+    const float inv_l = l == 0.f ? 0.f : 1.f / l;
+    float* O = p.O + (bh * p.seq_q + row) * p.d;
+#pragma unroll
+    for (int s = 0; s < C::D / 32; ++s) {
+      const int col = 32 * s + 4 * c;
+      if (col < p.d)
+        *reinterpret_cast<float4*>(O + col) =
+            make_float4(O_acc[t][4 * s + 0] * inv_l, O_acc[t][4 * s + 1] * inv_l,
+                        O_acc[t][4 * s + 2] * inv_l, O_acc[t][4 * s + 3] * inv_l);
+    }
+    if (c == 0) p.L[bh * p.seq_q + row] = l == 0.f ? -INFINITY : kLn2 * (row_max[t] + log2f(l));
+  }
+  //! [epilogue]
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side: choose the configuration, validate, launch.
+// ---------------------------------------------------------------------------------------
+std::atomic<int> g_block_k{0};  // 0: the default B_c for the head dim
+
+int padded_head_dim(int d) {
+  for (int s : supported_head_dims())
+    if (s == d) return (d + 31) / 32 * 32;
+  std::ostringstream msg;
+  msg << kStage << ": head_dim = " << d << " is not supported (supported: ";
+  for (size_t n = 0; n < supported_head_dims().size(); ++n)
+    msg << (n ? ", " : "") << supported_head_dims()[n];
+  msg << ")";
+  throw std::invalid_argument(msg.str());
+}
+
+// Default B_c: 64 keys while the shared tiles stay small enough for three blocks per SM
+// (D ≤ 64: 67 KiB); for D = 96 and 128 a 64-key tile would need 91 and 115 KiB, so B_c = 32
+// (59 and 75 KiB) keeps three blocks per SM on an H100/H200 (228 KiB of shared memory).
+int block_k_for(int D) {
+  const int forced = g_block_k.load();
+  return forced != 0 ? forced : (D <= 64 ? 64 : 32);
+}
+
+// Calls fn(Config<D, B_c>{}) for the compiled configuration that runs (D, B_c).
+template <typename Fn>
+void with_config(int D, int B_c, Fn&& fn) {
+  const bool wide = B_c == 64;
+  switch (D) {
+    case 32: wide ? fn(Config<32, 64>{}) : fn(Config<32, 32>{}); break;
+    case 64: wide ? fn(Config<64, 64>{}) : fn(Config<64, 32>{}); break;
+    case 96: wide ? fn(Config<96, 64>{}) : fn(Config<96, 32>{}); break;
+    case 128: wide ? fn(Config<128, 64>{}) : fn(Config<128, 32>{}); break;
+    default: throw std::logic_error(std::string(kStage) + ": no kernel for D = " + std::to_string(D));
+  }
+}
+
+void require_aligned(const void* ptr, const char* name) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+    std::ostringstream msg;
+    msg << kStage << ": " << name << " = " << ptr
+        << " is not 16-byte aligned (the kernel reads and writes rows as float4)";
+    throw std::invalid_argument(msg.str());
+  }
+}
+
+}  // namespace
+
+void set_block_k(int block_k) {
+  if (block_k != 0 && block_k != 32 && block_k != 64)
+    throw std::invalid_argument(std::string(kStage) + ": block_k = " + std::to_string(block_k) +
+                                " is not allowed (0 for the default, 32 or 64)");
+  g_block_k.store(block_k);
+}
+
+int block_k_option() { return g_block_k.load(); }
+
+LaunchShape launch_shape(const Problem& p) {
+  p.validate(kStage);
+  LaunchShape s;
+  s.head_dim_padded = padded_head_dim(p.head_dim);
+  s.block_q = kBlockQ;
+  s.block_k = block_k_for(s.head_dim_padded);
+  s.threads = kThreads;
+  const long long T_r = (int64_t(p.seq_q) + kBlockQ - 1) / kBlockQ;
+  s.blocks = T_r * p.batch * p.heads;
+  with_config(s.head_dim_padded, s.block_k, [&](auto cfg) {
+    s.shared_bytes = decltype(cfg)::kSharedBytes;
+  });
+  return s;
+}
+
+void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O,
+             float* L, cudaStream_t stream) {
+  const LaunchShape shape = launch_shape(p);  // validates the problem and the head dim
+  if (shape.blocks == 0) return;              // N_q = 0: nothing to write
+  if (shape.blocks > std::numeric_limits<int>::max())
+    throw std::invalid_argument(std::string(kStage) + ": " + std::to_string(shape.blocks) +
+                                " thread blocks (query tiles · batch · heads) exceed the grid "
+                                "limit of 2^31 − 1");
+  require_aligned(Q, "Q");
+  require_aligned(O, "O");
+  if (p.kv_elems() > 0) {
+    require_aligned(K, "K");
+    require_aligned(V, "V");
+  }
+  if (reinterpret_cast<uintptr_t>(L) % alignof(float) != 0)
+    throw std::invalid_argument(std::string(kStage) + ": L is not 4-byte aligned");
+
+  Params params{};
+  params.Q = Q;
+  params.K = K;
+  params.V = V;
+  params.O = O;
+  params.L = L;
+  params.heads = p.heads;
+  params.kv_heads = p.kv_heads;
+  params.group = p.group_size();
+  params.seq_q = p.seq_q;
+  params.seq_k = p.seq_k;
+  params.d = p.head_dim;
+  params.T_r = int((int64_t(p.seq_q) + kBlockQ - 1) / kBlockQ);
+  params.causal = p.causal ? 1 : 0;
+  params.scale_log2 = float(double(p.softmax_scale()) * double(kLog2e));
+
+  with_config(shape.head_dim_padded, shape.block_k, [&](auto cfg) {
+    using C = decltype(cfg);
+    // More than 48 KiB of dynamic shared memory must be asked for explicitly.
+    FA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<C>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(C::kSharedBytes)));
+    flash_forward_kernel<C><<<unsigned(shape.blocks), kThreads, C::kSharedBytes, stream>>>(params);
+    FA_CHECK_LAUNCH("07_smem_cuda: flash_forward_kernel");
+  });
+}
+
+std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p) {
+  const LaunchShape s = launch_shape(p);
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::ostringstream tile;
+  tile << "B_r x B_c = " << s.block_q << " x " << s.block_k << ", d padded to "
+       << s.head_dim_padded << "; per thread 4 rows: S 4 x " << s.block_k / kColGroups
+       << ", O 4 x " << s.head_dim_padded / kColGroups << " in registers";
+  rows.emplace_back("tiles", tile.str());
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the error of the failed query
+    rows.emplace_back("launch", std::to_string(s.blocks) + " blocks x " + std::to_string(s.threads) +
+                                    " threads, " + std::to_string(s.shared_bytes) +
+                                    " B shared per block (registers, occupancy: no GPU here)");
+    return rows;
+  }
+  with_config(s.head_dim_padded, s.block_k, [&](auto cfg) {
+    using C = decltype(cfg);
+    FA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<C>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(C::kSharedBytes)));
+    for (auto& row : describe_launch(reinterpret_cast<const void*>(flash_forward_kernel<C>),
+                                     dim3(unsigned(std::max<long long>(s.blocks, 0))),
+                                     dim3(kThreads), C::kSharedBytes))
+      rows.push_back(row);
+  });
+  return rows;
+}
+
+}  // namespace fa::stage07

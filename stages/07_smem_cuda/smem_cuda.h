@@ -1,0 +1,55 @@
+/// \file smem_cuda.h
+/// \brief Stage 07: the tiled forward as a CUDA kernel in fp32, tiles in shared memory,
+/// scores and output held in registers.
+///
+/// Plain C++ (no device syntax): the stage list, the tests and the C ABI include it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "problem.h"
+#include "stage.h"
+
+namespace fa::stage07 {
+
+/// The head dims this kernel is compiled for. Each runs in a kernel instantiated for the
+/// next multiple of 32 (16 and 32 → 32, 40 and 64 → 64, 80 and 96 → 96, 128 → 128), the
+/// extra columns being zeros in shared memory.
+inline const std::vector<int>& supported_head_dims() {
+  static const std::vector<int> dims{16, 32, 40, 64, 80, 96, 128};
+  return dims;
+}
+
+/// O = softmax(scale · Q Kᵀ + mask) V and L = log-sum-exp per row, on DEVICE pointers in
+/// fp32 (layouts of DESIGN §3), launched on `stream`. Asynchronous: returns after the
+/// launch. Throws std::invalid_argument for a problem it refuses (bad sizes, a head dim
+/// not in supported_head_dims(), a pointer not 16-byte aligned) before touching anything.
+void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O,
+             float* L, cudaStream_t stream);
+
+/// How a problem is launched; computed on the host, needs no GPU.
+struct LaunchShape {
+  int head_dim_padded = 0;  ///< D: the head dim the kernel is compiled for
+  int block_q = 0;          ///< B_r: query rows per thread block
+  int block_k = 0;          ///< B_c: keys per shared-memory tile
+  int threads = 0;          ///< threads per block
+  long long blocks = 0;     ///< T_r · batch · heads thread blocks (a 1-D grid)
+  size_t shared_bytes = 0;  ///< dynamic shared memory per block
+};
+LaunchShape launch_shape(const Problem& p);
+
+/// The rows the driver prints for `p`: tile shapes, grid, block, shared memory, and, when a
+/// GPU is present, registers per thread and theoretical occupancy (fa::describe_launch).
+std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p);
+
+/// B_c override for experiments: 0 (default: 64 for d ≤ 64, 32 above), 32 or 64.
+void set_block_k(int block_k);
+int block_k_option();
+
+StageInfo info();
+
+}  // namespace fa::stage07

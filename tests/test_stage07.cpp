@@ -1,0 +1,250 @@
+// Stage 07 (shared-memory fp32 CUDA kernel): the shared matrix, plus what is particular to
+// a GPU kernel: both key-tile widths, bitwise determinism, the device entry point's
+// refusals, a non-default stream, the launch report, and a tensor of more than 2³¹
+// elements (FA_TEST_LARGE=1; about 17 GB of GPU memory).
+//
+// Environment: FA_TEST_SMALL=1 shrinks every case (for compute-sanitizer runs);
+// FA_TEST_LARGE=1 adds the > 2³¹-element case.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "stage_checks.h"
+#include "stage_list.h"
+
+#ifdef FA_HAVE_CUDA
+#include "check.h"
+#include "cuda_utils.h"
+#include "smem_cuda.h"
+#include "tensors.h"
+
+namespace {
+
+const fa::StageInfo& stage() { return fa::find_stage("07"); }
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
+}
+bool small() { return env_on("FA_TEST_SMALL"); }
+
+fa::Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
+  fa::Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.seq_q = seq_q;
+  p.seq_k = seq_k;
+  p.head_dim = d;
+  p.causal = causal;
+  return p;
+}
+
+// Sets B_c for the scope of one test and restores the default afterwards.
+struct BlockK {
+  explicit BlockK(int v) { fa::stage07::set_block_k(v); }
+  ~BlockK() { fa::stage07::set_block_k(0); }
+};
+
+}  // namespace
+
+TEST_CASE("07: the shared shape matrix in fp32") {
+  fa::test::check_matrix(stage(), fa::Dtype::F32, false);
+}
+
+TEST_CASE("07: adversarial inputs (large logits, empty rows, constant rows, NaN)") {
+  fa::test::check_adversarial(stage(), fa::Dtype::F32, false);
+}
+
+TEST_CASE("07: properties (key permutation, bitwise determinism)") {
+  fa::test::check_properties(stage(), fa::Dtype::F32, false);
+}
+
+TEST_CASE("07: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
+
+TEST_CASE("07: random shapes") {
+  fa::test::check_random_shapes(stage(), fa::Dtype::F32, false, small() ? 4 : 24);
+}
+
+TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
+  // Tile-size invariance: B_c changes which keys share a tile, and so where the online
+  // softmax rescales; both must agree with the reference on tails, causal and GQA.
+  std::vector<fa::Problem> problems = {
+      make(1, 2, 1, 97, 130, 40, true), make(1, 8, 2, 300, 77, 64, false),
+      make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 96, false)};
+  if (!small()) {
+    problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
+    problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
+    problems.push_back(make(1, 2, 1, 513, 513, 16, true));
+  }
+  for (int block_k : {32, 64}) {
+    BlockK scope(block_k);
+    for (const auto& p : problems) {
+      CAPTURE(block_k);
+      CAPTURE(p.describe());
+      CHECK(fa::stage07::launch_shape(p).block_k == block_k);
+      fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
+    }
+  }
+  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 64, false)).block_k == 64);
+  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 128, false)).block_k == 32);
+}
+
+TEST_CASE("07: two runs are bitwise identical") {
+  const fa::Problem p = small() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
+  fa::Tensors a = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
+  fa::Tensors b = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
+  stage().forward(p, fa::Dtype::F32, a.Q.data(), a.K.data(), a.V.data(), a.O.data(), a.L.data());
+  stage().forward(p, fa::Dtype::F32, b.Q.data(), b.K.data(), b.V.data(), b.O.data(), b.L.data());
+  CHECK(std::memcmp(a.O.data(), b.O.data(), a.O.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.L.data(), b.L.data(), a.L.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("07: launch shape and report") {
+  const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
+  const auto s = fa::stage07::launch_shape(p);
+  CHECK(s.head_dim_padded == 128);
+  CHECK(s.block_q == 64);
+  CHECK(s.threads == 128);
+  CHECK(s.blocks == 3 * 2 * 3);  // T_r = ceil(130 / 64) = 3 query tiles per head
+  // sQ [64][132] + sK [32][132] + sV [32][128] + sP [64][36] floats
+  CHECK(s.shared_bytes == 4 * (64 * 132 + 32 * 132 + 32 * 128 + 64 * 36));
+  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 40, false)).head_dim_padded == 64);
+  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
+
+  std::string all;
+  for (const auto& [key, value] : stage().report(p, fa::Dtype::F32)) all += key + ": " + value + "\n";
+  INFO(all);
+  CHECK(all.find("grid: 18 x 1 x 1") != std::string::npos);
+  CHECK(all.find("registers") != std::string::npos);
+  CHECK(all.find("occupancy") != std::string::npos);
+  CHECK(all.find("0 B per thread (spills)") != std::string::npos);  // no local memory
+}
+
+TEST_CASE("07: the device entry point refuses bad input and writes nothing") {
+  const fa::Problem p = make(1, 2, 1, 70, 50, 64, false);
+  fa::DeviceBuffer Q(p.q_elems() * 4 + 16, "Q"), K(p.kv_elems() * 4 + 16, "K"),
+      V(p.kv_elems() * 4 + 16, "V"), O(p.q_elems() * 4 + 16, "O"), L(p.l_elems() * 4, "L");
+  for (auto* b : {&Q, &K, &V, &O, &L}) FA_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
+  const auto& fwd = stage().forward_device;
+  const auto refused = [&](const fa::Problem& q, fa::Dtype t, const void* q_ptr,
+                           const std::string& fragment) {
+    bool thrown = false;
+    try {
+      fwd(q, t, q_ptr, K.get(), V.get(), O.get(), L.as<float>(), nullptr);
+    } catch (const std::invalid_argument& e) {
+      thrown = true;
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(fragment) != std::string::npos);
+      CHECK(std::string(e.what()).find("07_smem_cuda") != std::string::npos);
+    }
+    CHECK(thrown);
+  };
+  refused(p, fa::Dtype::F16, Q.get(), "f16");
+  refused(p, fa::Dtype::F32, Q.as<char>() + 4, "aligned");  // float-aligned, not 16-byte aligned
+  fa::Problem bad = p;
+  bad.head_dim = 48;
+  refused(bad, fa::Dtype::F32, Q.get(), "head_dim = 48");
+  bad.head_dim = 256;
+  refused(bad, fa::Dtype::F32, Q.get(), "head_dim = 256");
+  bad = p;
+  bad.kv_heads = 3;
+  refused(bad, fa::Dtype::F32, Q.get(), "kv_heads = 3");
+  CHECK_THROWS_AS(fa::stage07::set_block_k(48), std::invalid_argument);
+
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> o(O.bytes());
+  FA_CUDA_CHECK(cudaMemcpy(o.data(), O.get(), o.size(), cudaMemcpyDeviceToHost));
+  bool untouched = true;
+  for (unsigned char byte : o) untouched = untouched && byte == 0x7f;
+  CHECK(untouched);
+}
+
+TEST_CASE("07: device pointers on a non-default stream give the host path's result") {
+  const fa::Problem p = make(1, 4, 2, 200, 333, 96, true);
+  fa::Tensors t = fa::Tensors::make(p, 9, fa::Dist::Normal, false);
+  stage().forward(p, fa::Dtype::F32, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
+
+  cudaStream_t stream;
+  FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa::DeviceBuffer Q(p.q_elems() * 4, "Q"), K(p.kv_elems() * 4, "K"), V(p.kv_elems() * 4, "V"),
+      O(p.q_elems() * 4, "O"), L(p.l_elems() * 4, "L");
+  fa::upload(fa::Dtype::F32, t.Q.data(), Q.get(), p.q_elems(), stream);
+  fa::upload(fa::Dtype::F32, t.K.data(), K.get(), p.kv_elems(), stream);
+  fa::upload(fa::Dtype::F32, t.V.data(), V.get(), p.kv_elems(), stream);
+  fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(), L.as<float>(), stream);
+  std::vector<float> o(size_t(p.q_elems())), l(size_t(p.l_elems()));
+  fa::download(fa::Dtype::F32, O.get(), o.data(), p.q_elems(), stream);
+  fa::download(fa::Dtype::F32, L.get(), l.data(), p.l_elems(), stream);
+  FA_CUDA_CHECK(cudaStreamDestroy(stream));
+  CHECK(std::memcmp(o.data(), t.O.data(), o.size() * 4) == 0);
+  CHECK(std::memcmp(l.data(), t.L.data(), l.size() * 4) == 0);
+}
+
+namespace {
+
+// Checks rows [r0, r0 + n) of a forward already computed on the device against the
+// reference, using a sub-problem with the same keys: under the bottom-right causal mask,
+// n query rows ending r0 + n ≤ N_q rows in see the first n + r0 + N_k − N_q keys.
+void check_window(const fa::Problem& p, int64_t r0, int n, const std::vector<float>& K,
+                  const std::vector<float>& V, const float* Q_dev, const float* O_dev,
+                  const float* L_dev) {
+  fa::Problem sub = p;
+  sub.seq_q = n;
+  if (p.causal) {
+    const int64_t keys = n + r0 + int64_t(p.seq_k) - p.seq_q;
+    sub.seq_k = int(keys < 0 ? 0 : (keys > p.seq_k ? p.seq_k : keys));
+  }
+  fa::Tensors t = fa::Tensors::make(sub, 1, fa::Dist::Normal, false);
+  const int64_t d = p.head_dim;
+  FA_CUDA_CHECK(cudaMemcpy(t.Q.data(), Q_dev + r0 * d, size_t(n * d) * 4, cudaMemcpyDeviceToHost));
+  FA_CUDA_CHECK(cudaMemcpy(t.O.data(), O_dev + r0 * d, size_t(n * d) * 4, cudaMemcpyDeviceToHost));
+  FA_CUDA_CHECK(cudaMemcpy(t.L.data(), L_dev + r0, size_t(n) * 4, cudaMemcpyDeviceToHost));
+  std::copy(K.begin(), K.begin() + int64_t(sub.seq_k) * d, t.K.begin());
+  std::copy(V.begin(), V.begin() + int64_t(sub.seq_k) * d, t.V.begin());
+  const fa::CheckReport r = fa::compare_forward(sub, fa::Dtype::F32, t);
+  INFO("rows ", r0, " .. ", r0 + n, " of ", p.describe(), "\n", r.summary());
+  CHECK(r.pass());
+}
+
+}  // namespace
+
+TEST_CASE("07: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
+  if (!env_on("FA_TEST_LARGE")) {
+    MESSAGE("skipped: set FA_TEST_LARGE=1 to run (needs about 17 GB of GPU memory)");
+    return;
+  }
+  // Q and O hold (2^24 + 77) · 128 > 2^31 elements each; K and V are small. Row 2^24 is the
+  // first row whose offset no longer fits in 32 bits.
+  for (bool causal : {false, true}) {
+    const fa::Problem p = make(1, 1, 1, (1 << 24) + 77, 300, 128, causal);
+    REQUIRE(p.q_elems() > (int64_t(1) << 31));
+    size_t free_bytes = 0, total_bytes = 0;
+    FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t need = size_t(2 * p.q_elems() + 2 * p.kv_elems() + p.l_elems()) * 4;
+    if (free_bytes < need + (size_t(1) << 30)) {
+      MESSAGE("skipped: needs ", need >> 20, " MiB of GPU memory, ", free_bytes >> 20, " MiB free");
+      return;
+    }
+    fa::DeviceBuffer Q(p.q_elems() * 4, "Q"), K(p.kv_elems() * 4, "K"), V(p.kv_elems() * 4, "V"),
+        O(p.q_elems() * 4, "O"), L(p.l_elems() * 4, "L");
+    fa::Tensors kv = fa::Tensors::make(make(1, 1, 1, 1, 300, 128, false), 5, fa::Dist::Normal, false);
+    fa::fill_random(fa::Dtype::F32, Q.get(), p.q_elems(), 77, nullptr);
+    fa::upload(fa::Dtype::F32, kv.K.data(), K.get(), p.kv_elems(), nullptr);
+    fa::upload(fa::Dtype::F32, kv.V.data(), V.get(), p.kv_elems(), nullptr);
+    fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(), L.as<float>(), nullptr);
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    CAPTURE(causal);
+    check_window(p, 0, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+    check_window(p, (1 << 24) - 32, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+    check_window(p, p.seq_q - 64, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+  }
+}
+
+#endif  // FA_HAVE_CUDA
