@@ -1,0 +1,149 @@
+// Stage 09: every compile-time choice of the two backward kernels, in one place each.
+//
+// As in stage 08 (traits.cuh), tile sizes, warp counts, the pipeline depth and the
+// shared-memory layout are template parameters, so each kernel is one template and every
+// variant the benchmark measures is an instantiation of it.
+#pragma once
+
+#include "tile_index.h"
+
+namespace fa::stage09 {
+
+using stage08::SmemLayout;
+using stage08::smem_tile_bytes;
+using stage08::swizzle_supported;
+
+/// The scratch arrays of one call (L·log2 e, D and the fp32 dQ accumulator) give every
+/// (batch, head) a whole number of blocks of this many query rows, so that the kernels
+/// read them in 16-byte copies without a bounds check. Every B_r divides it.
+inline constexpr int kQueryPad = 128;
+
+/// The dK/dV kernel: one thread block per key tile j of B_c keys (per batch and kv head).
+///
+///  kHeadDim   d (a multiple of 16)
+///  kBlockM    B_r, query rows per step of the loop over query tiles i
+///  kBlockN    B_c, keys per block; warp w owns keys [w·B_c/kWarps, (w+1)·B_c/kWarps)
+///             for the whole kernel: its rows of Sᵀ, dPᵀ, dSᵀ and of dK_j, dV_j
+///  kWarps     warps per block
+///  kWarpsMdQ  the dQ_i = dS K_j product is split over the warps differently: a grid of
+///             kWarpsMdQ (along the B_r query rows) × kWarps/kWarpsMdQ (along d)
+///  kStages    Q_i/dO_i buffers: 2 = load step i+1 while computing step i; 1 = no prefetch
+///  kLayout    shared-memory layout of every tile (stage 08's tile_index.h)
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMdQ_, int kStages_,
+          SmemLayout kLayout_ = SmemLayout::Swizzled>
+struct DkDvTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // B_r
+  static constexpr int kBlockN = kBlockN_;  // B_c
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr SmemLayout kLayout = kLayout_;
+
+  // Sᵀ, dPᵀ, dSᵀ: [keys of the warp, B_r]; dK_j, dV_j: [keys of the warp, d].
+  static constexpr int kKeysPerWarp = kBlockN / kWarps;
+  static constexpr int kKeyTiles = kKeysPerWarp / 16;  // m16 tiles of keys per warp
+
+  // dQ_i = dS K_j: [B_r, d], warp (wm, wn) computes rows wm·kRowsDq.., columns wn·kColsDq..
+  static constexpr int kWarpsMdQ = kWarpsMdQ_;
+  static constexpr int kWarpsNdQ = kWarps / kWarpsMdQ;
+  static constexpr int kRowsDq = kBlockM / kWarpsMdQ;
+  static constexpr int kColsDq = kHeadDim / kWarpsNdQ;
+
+  // Shared memory, in bytes: K_j, V_j (resident); kStages × (Q_i, dO_i, L2_i, D_i);
+  // the dSᵀ tile [B_c][B_r] that hands dS from the key-owning warps to the dQ product.
+  static constexpr int kKVTileBytes = smem_tile_bytes(kBlockN, kHeadDim, kLayout);
+  static constexpr int kQTileBytes = smem_tile_bytes(kBlockM, kHeadDim, kLayout);
+  static constexpr int kDsTileBytes = smem_tile_bytes(kBlockN, kBlockM, kLayout);
+  static constexpr int kRowStatBytes = kBlockM * 4;  // B_r fp32 values of L2 or D
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKVTileBytes;
+  static constexpr int kOffQ = kOffV + kKVTileBytes;
+  static constexpr int kOffdO = kOffQ + kStages * kQTileBytes;
+  static constexpr int kOffdS = kOffdO + kStages * kQTileBytes;
+  static constexpr int kOffL2 = kOffdS + kDsTileBytes;
+  static constexpr int kOffD = kOffL2 + kStages * kRowStatBytes;
+  static constexpr int kSmemBytes = kOffD + kStages * kRowStatBytes;
+
+  static_assert(kHeadDim % 16 == 0, "d must be a multiple of the MMA k (16)");
+  static_assert(kBlockN % (16 * kWarps) == 0, "each warp owns whole m16 tiles of keys");
+  static_assert(kBlockM % 16 == 0 && kQueryPad % kBlockM == 0, "B_r: a multiple of 16 that divides kQueryPad");
+  static_assert(kWarps % kWarpsMdQ == 0 && kRowsDq % 16 == 0 && kColsDq % 16 == 0,
+                "the dQ warp grid cuts [B_r, d] into whole 16×16 blocks");
+  static_assert(kStages == 1 || kStages == 2, "one or two Q_i/dO_i buffers");
+  static_assert(kLayout != SmemLayout::Swizzled || (swizzle_supported(kHeadDim) && swizzle_supported(kBlockM)),
+                "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
+  static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
+                "every thread copies the same number of 16-byte chunks");
+  static_assert(2 * kBlockM / 4 <= kThreads, "L2_i and D_i are copied in one pass of 16-byte chunks");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have");
+};
+
+/// The deterministic dQ kernel: one thread block per query tile i (per batch and head),
+/// looping over the key tiles j it sees, as the forward does.
+///
+///  kBlockM  B_r query rows per block; warp w owns rows [w·B_r/kWarps, (w+1)·B_r/kWarps)
+///  kBlockN  B_c keys per step; K_j, V_j are double-buffered when kStages = 2
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_,
+          SmemLayout kLayout_ = SmemLayout::Swizzled>
+struct DqTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr SmemLayout kLayout = kLayout_;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;
+
+  // Shared memory: Q_i, dO_i (loaded once), then kStages × (K_j, V_j).
+  static constexpr int kQTileBytes = smem_tile_bytes(kBlockM, kHeadDim, kLayout);
+  static constexpr int kKVTileBytes = smem_tile_bytes(kBlockN, kHeadDim, kLayout);
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffdO = kQTileBytes;
+  static constexpr int kOffK = 2 * kQTileBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVTileBytes;
+  static constexpr int kSmemBytes = kOffV + kStages * kKVTileBytes;
+
+  static_assert(kHeadDim % 16 == 0, "d must be a multiple of the MMA k (16)");
+  static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole m16 row tiles");
+  static_assert(kQueryPad % kBlockM == 0, "B_r divides kQueryPad (L2 and D are read unchecked)");
+  static_assert(kBlockN % 16 == 0, "B_c: whole k16 steps of dQ += dS K_j");
+  static_assert(kStages == 1 || kStages == 2, "one or two K_j/V_j buffers");
+  static_assert(kLayout != SmemLayout::Swizzled || swizzle_supported(kHeadDim),
+                "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
+  static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
+                "every thread copies the same number of 16-byte chunks");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have");
+};
+
+/// The shapes chosen per head dim (see the notes, "Choosing the tiles").
+///  d = 64:  dK/dV: B_c = 128 keys over 8 warps (16 each), B_r = 128. Per thread:
+///           dK_j, dV_j 2 × 32 + Sᵀ 64 + dPᵀ 64 fp32 registers.
+///  d = 128: dK/dV: B_c = 128 over 8 warps, B_r = 64: dK_j, dV_j 2 × 64 + Sᵀ 32 + dPᵀ 32.
+///           (FlashAttention-2's sm80 shape for d = 128 has the same B_r, B_c, warps.)
+///  dQ (deterministic mode): B_r = 64 over 4 warps of 16 rows, B_c = 64.
+template <int kHeadDim>
+struct DefaultTiles;
+template <>
+struct DefaultTiles<64> {
+  using DkDv = DkDvTraits<64, 128, 128, 8, 4, 2>;
+  using Dq = DqTraits<64, 64, 64, 4, 2>;
+};
+template <>
+struct DefaultTiles<128> {
+  using DkDv = DkDvTraits<128, 64, 128, 8, 2, 2>;
+  using Dq = DqTraits<128, 64, 64, 4, 2>;
+};
+
+/// `Base` with exactly one optimisation turned off (the ablation table).
+template <class Base>
+struct Ablated {
+  using NoPipeline = DkDvTraits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kWarpsMdQ, 1,
+                                Base::kLayout>;
+  using NoSwizzle = DkDvTraits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kWarpsMdQ,
+                               Base::kStages, SmemLayout::Plain>;
+};
+
+}  // namespace fa::stage09
