@@ -121,13 +121,27 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           if (!backward) continue;
 
           // ---- backward for this row block ----
+          // A backward pass is handed L in fp32 (the contract of DESIGN §3) and recomputes
+          // P = exp(S − L) from it. The same-precision baselines do the same, so that the
+          // rounding of L (about u·|L|, i.e. a relative error of u·|L| in every P when the
+          // logits are in the hundreds) is part of the budget; the exact mode uses P itself.
+          Mat<Scalar> P_bwd = Pm;
+          if (mode != RefMode::Exact)
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t n_vis = p.visible_keys(r0 + i);
+              if (n_vis == 0) continue;
+              const Scalar L_f32 = Scalar(float(r.L[size_t(lo + i)]));
+              for (int64_t j = 0; j < n_vis; ++j) P_bwd(i, j) = std::exp(S(i, j) - L_f32);
+            }
+          P_in = P_bwd;
+          round_to(mode, P_in);
           const Mat<Scalar> dOr = load<Scalar>(mode, dO + p.q_offset(b, h, r0), rows, d);
           round_to(mode, Or);  // a kernel computes D from the O it stored
           const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr =
               dOr.cwiseProduct(Or).rowwise().sum();                    // D = rowsum(dO∘O)
           dV_acc.noalias() += P_in.transpose() * dOr;                  // dV += Pᵀ dO
           const Mat<Scalar> dP = dOr * Vh.transpose();                 // dP = dO Vᵀ
-          Mat<Scalar> dS = Pm.cwiseProduct(dP.colwise() - Dr);         // dS = P∘(dP − D)
+          Mat<Scalar> dS = P_bwd.cwiseProduct(dP.colwise() - Dr);      // dS = P∘(dP − D)
           round_to(mode, dS);
           dK_acc.noalias() += scale * (dS.transpose() * Qr);           // dK += scale·dSᵀ Q
           const Mat<Scalar> dQr = scale * (dS * Kh);                   // dQ = scale·dS K
