@@ -252,6 +252,10 @@ TEST_CASE("stage 09: options by name") {
   CHECK_THROWS_AS(stage().set_option("deterministic", 2), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("ablation", 7), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("no_such_option", 0), std::invalid_argument);
+  stage().set_option("tile", 1);
+  CHECK(s09::current_options().tile == s09::Tile::Narrow);
+  CHECK(stage().get_counter("tile") == 1);
+  CHECK_THROWS_AS(stage().set_option("tile", 2), std::invalid_argument);
   CHECK(s09::parse_ablation("no_swizzle") == s09::Ablation::NoSwizzle);
   CHECK_THROWS_AS(s09::parse_ablation("fast"), std::invalid_argument);
 }
@@ -330,6 +334,22 @@ TEST_CASE("stage 09: ablation variants are correct") {
       msg = e.what();
     }
     CHECK(msg.find("bf16 only") != std::string::npos);
+  }
+}
+
+TEST_CASE("stage 09: the narrow tiles are correct (both dtypes, both dQ modes)") {
+  uint64_t seed = 600;
+  for (bool det : {false, true}) {
+    s09::Options o;
+    o.tile = s09::Tile::Narrow;
+    o.deterministic = det;
+    OptionsScope scope(o);
+    INFO("narrow tile, deterministic = " << det);
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+      for (int d : {64, 128})
+        for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
+                                     make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true)})
+          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
   }
 }
 

@@ -48,6 +48,7 @@ struct QueryTileRange {
 /// The query tiles key tile [key0, key0 + block_n) meets; key0 < seq_k.
 FA_HOST_DEVICE constexpr QueryTileRange query_tile_range(int64_t key0, int block_n, int block_m, int seq_q,
                                                          int seq_k, bool causal) {
+  //! [query tile range]
   QueryTileRange r;
   r.end = int((int64_t(seq_q) + block_m - 1) / block_m);
   // The tile's first key is seen by the most rows, its last key by the fewest.
@@ -59,6 +60,7 @@ FA_HOST_DEVICE constexpr QueryTileRange query_tile_range(int64_t key0, int block
   r.key_tail = key0 + block_n > seq_k;
   r.query_tail = int64_t(r.end) * block_m > seq_q;
   if (r.begin > r.end) r.begin = r.end;
+  //! [query tile range]
   return r;
 }
 

@@ -124,16 +124,23 @@ struct DqTraits {
 ///  d = 128: dK/dV: B_c = 128 over 8 warps, B_r = 64: dK_j, dV_j 2 × 64 + Sᵀ 32 + dPᵀ 32.
 ///           (FlashAttention-2's sm80 shape for d = 128 has the same B_r, B_c, warps.)
 ///  dQ (deterministic mode): B_r = 64 over 4 warps of 16 rows, B_c = 64.
+///  The "narrow" alternative (option --tile narrow), smaller tiles for fewer registers:
+///  d = 64:  B_r = 64 (dK_j, dV_j 2 × 32 + Sᵀ 32 + dPᵀ 32 registers: no pressure at all).
+///  d = 128: B_c = 64 over 4 warps, B_r = 64: same registers per thread, half the shared
+///           memory (105 KB), so two blocks fit on an SM and hide each other's barriers;
+///           Q_i and dO_i are read twice as often from L2.
 template <int kHeadDim>
 struct DefaultTiles;
 template <>
 struct DefaultTiles<64> {
   using DkDv = DkDvTraits<64, 128, 128, 8, 4, 2>;
+  using DkDvNarrow = DkDvTraits<64, 64, 128, 8, 4, 2>;
   using Dq = DqTraits<64, 64, 64, 4, 2>;
 };
 template <>
 struct DefaultTiles<128> {
   using DkDv = DkDvTraits<128, 64, 128, 8, 2, 2>;
+  using DkDvNarrow = DkDvTraits<128, 64, 64, 4, 2, 2>;
   using Dq = DqTraits<128, 64, 64, 4, 2>;
 };
 

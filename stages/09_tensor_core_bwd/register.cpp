@@ -40,6 +40,7 @@ void check_problem(const Problem& p) {
 // The settings the C ABI can change by name (fa_set_option / fa_get_counter):
 //   "deterministic": 0 (dQ by fp32 atomics, the default) or 1 (a separate dQ pass)
 //   "ablation":      0 none, 1 no_pipeline, 2 no_swizzle
+//   "tile":          0 wide (the default tiles), 1 narrow (smaller tiles; see bwd_traits.cuh)
 void set_option(const std::string& name, int64_t value) {
   Options o = current_options();
   if (name == "deterministic") {
@@ -52,9 +53,14 @@ void set_option(const std::string& name, int64_t value) {
       throw std::invalid_argument(std::string(kStageName) + ": ablation = " + std::to_string(value) +
                                   " is not 0..2 (none, no_pipeline, no_swizzle)");
     o.ablation = Ablation(value);
+  } else if (name == "tile") {
+    if (value != 0 && value != 1)
+      throw std::invalid_argument(std::string(kStageName) + ": tile = " + std::to_string(value) +
+                                  " is not 0 (wide) or 1 (narrow)");
+    o.tile = Tile(value);
   } else {
     throw std::invalid_argument(std::string(kStageName) + ": no option named '" + name +
-                                "' (options: deterministic, ablation)");
+                                "' (options: deterministic, ablation, tile)");
   }
   set_options(o);
 }
@@ -63,8 +69,9 @@ int64_t get_counter(const std::string& name) {
   const Options o = current_options();
   if (name == "deterministic") return o.deterministic ? 1 : 0;
   if (name == "ablation") return int64_t(o.ablation);
+  if (name == "tile") return int64_t(o.tile);
   throw std::invalid_argument(std::string(kStageName) + ": no counter named '" + name +
-                              "' (counters: deterministic, ablation)");
+                              "' (counters: deterministic, ablation, tile)");
 }
 
 }  // namespace
@@ -110,6 +117,10 @@ StageInfo info() {
            "--ablation", [](const std::string& v) { set_option("ablation", int64_t(parse_ablation(v))); },
            "turn one optimisation of the dK/dV kernel off (bf16): none, no_pipeline, no_swizzle")
         ->check(CLI::IsMember(ablation_names()));
+    app.add_option_function<std::string>(
+           "--tile", [](const std::string& v) { set_option("tile", v == tile_names()[1] ? 1 : 0); },
+           "dK/dV tile shape: wide (default) or narrow (d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps)")
+        ->check(CLI::IsMember(tile_names()));
   };
   s.report = [](const Problem& p, Dtype t) { return launch_report(p, t, have_gpu()); };
   s.set_option = set_option;

@@ -234,8 +234,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   // This warp's rows of K_j and V_j: the A operands of Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ.
   const uint32_t sK_warp = sK + 2u * warp_key0 * smem_row_stride(d, kLayout);
   const uint32_t sV_warp = sV + 2u * warp_key0 * smem_row_stride(d, kLayout);
-  const float* L2_smem = reinterpret_cast<const float*>(smem + Tr::kOffL2);
-  const float* D_smem = reinterpret_cast<const float*>(smem + Tr::kOffD);
 
   float dK_acc[kKT][d / 8][4];  // [16·kKT keys, d] this warp's rows of dK_j, fp32
   float dV_acc[kKT][d / 8][4];  // [16·kKT keys, d] this warp's rows of dV_j, fp32
@@ -244,7 +242,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
   for (int step = 0; step < n_steps; ++step) {
     const int buf = kStages == 2 ? step % 2 : 0;
-    const int head = kv_head * group + step / tiles_per_head;
     const int i = range.begin + step % tiles_per_head;  // query tile
     const int64_t q0 = int64_t(i) * B_r;
 
@@ -257,8 +254,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
     //! [pipeline step]
 
     const uint32_t sQ_i = sQ + buf * Tr::kQTileBytes, sdO_i = sdO + buf * Tr::kQTileBytes;
-    const float* L2_i = L2_smem + buf * B_r;
-    const float* D_i = D_smem + buf * B_r;
 
     //! [recompute P]
     // Sᵀ = K_j Q_iᵀ: [16·kKT keys, B_r queries] per warp, C fragments. Keys are the rows
@@ -280,6 +275,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
     // P_ij = e^{scale·S_ij − L_i} = 2^{S_ij·scale·log2(e) − L2_i}: normalised already,
     // because L_i is the log of row i's softmax denominator. One FFMA and one ex2 per
     // score. A masked score (−inf) gives 0; L2 is never −inf (preprocess), so never NaN.
+    const float* L2_i = reinterpret_cast<const float*>(smem + Tr::kOffL2) + buf * B_r;  // [B_r]
 #pragma unroll
     for (int nt = 0; nt < B_r / 8; ++nt) {
       const float2 l2 = *reinterpret_cast<const float2*>(L2_i + 8 * nt + 2 * t);  // columns 2t, 2t+1
@@ -304,6 +300,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
     // LAB BEGIN: dS — hint: dSᵀ[key][q] = Pᵀ[key][q]·(dPᵀ[key][q] − D_i[q]), in place of dPᵀ
     // dS_ij = P_ij·(dP_ij − D_i), kept in dPᵀ's registers (dPᵀ is dead once dS exists).
+    const float* D_i = reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * B_r;  // [B_r]
 #pragma unroll
     for (int nt = 0; nt < B_r / 8; ++nt) {
       const float2 Dq = *reinterpret_cast<const float2*>(D_i + 8 * nt + 2 * t);
@@ -349,6 +346,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
       // LAB BEGIN: dQ atomics — hint: thread (g, t) adds its pairs (row g or 8+g, columns 2t, 2t+1) of each m16n8 piece to dQ_accum with atomicAdd, rows < seq_q only
       // Add this block's part to dQ_accum (fp32, zeroed before the kernel). Many blocks
       // (every key tile j of the kv head) add to the same rows, in no fixed order.
+      const int head = kv_head * group + step / tiles_per_head;  // the query head of this step
       float* dQ_accum = p.dQ_accum + ((int64_t(batch) * p.heads + head) * p.n_q_pad + q0) * d;
 #pragma unroll
       for (int mi = 0; mi < kMq; ++mi)
@@ -632,6 +630,13 @@ template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, Fn&& fn) {
   using Tiles = DefaultTiles<kHeadDim>;
   using Dq = TypeTag<typename Tiles::Dq>;
+  if (o.tile == Tile::Narrow) {
+    if (o.ablation != Ablation::None)
+      throw std::invalid_argument(std::string(kStageName) +
+                                  ": ablations are built on the wide (default) tile only; use tile = wide with an ablation");
+    fn(TypeTag<typename Tiles::DkDvNarrow>{}, Dq{});
+    return;
+  }
   if (o.ablation == Ablation::None) {
     fn(TypeTag<typename Tiles::DkDv>{}, Dq{});
     return;
@@ -752,6 +757,7 @@ void launch_all(const Problem& p, BwdParams& params, bool deterministic, cudaStr
 
 std::atomic<bool> g_deterministic{false};
 std::atomic<int> g_ablation{0};
+std::atomic<int> g_tile{0};
 
 }  // namespace
 
@@ -777,11 +783,23 @@ Ablation parse_ablation(const std::string& name) {
                               "' is not one of none, no_pipeline, no_swizzle");
 }
 
-Options current_options() { return Options{g_deterministic.load(), Ablation(g_ablation.load())}; }
+const std::vector<std::string>& tile_names() {
+  static const std::vector<std::string> names{"wide", "narrow"};
+  return names;
+}
+
+Options current_options() {
+  Options o;
+  o.deterministic = g_deterministic.load();
+  o.ablation = Ablation(g_ablation.load());
+  o.tile = Tile(g_tile.load());
+  return o;
+}
 
 void set_options(const Options& o) {
   g_deterministic = o.deterministic;
   g_ablation = int(o.ablation);
+  g_tile = int(o.tile);
 }
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,

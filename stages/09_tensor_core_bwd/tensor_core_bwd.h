@@ -30,6 +30,14 @@ const std::vector<std::string>& ablation_names();
 /// Parses a name from ablation_names(); std::invalid_argument otherwise.
 Ablation parse_ablation(const std::string& name);
 
+/// Tile shapes of the dK/dV kernel (see bwd_traits.cuh, DefaultTiles, and the notes).
+enum class Tile {
+  Wide = 0,    ///< the default: d = 64: B_c = 128, B_r = 128; d = 128: B_c = 128, B_r = 64 (8 warps)
+  Narrow = 1,  ///< d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps (two blocks per SM)
+};
+/// "wide", "narrow".
+const std::vector<std::string>& tile_names();
+
 /// What a backward call runs.
 struct Options {
   /// false: dQ_i += dS K_j by fp32 atomicAdd from the dK/dV kernel into a scratch buffer,
@@ -38,10 +46,12 @@ struct Options {
   /// recomputes dS and sums over the key tiles in a fixed order (bitwise reproducible;
   /// repeats three of the five products). dK and dV are reproducible in both modes.
   bool deterministic = false;
-  Ablation ablation = Ablation::None;
+  Ablation ablation = Ablation::None;  ///< built on the wide tile, bf16 only
+  Tile tile = Tile::Wide;
 };
 /// The options `backward` uses when none are given; the stage's command-line flags
-/// (--deterministic, --ablation) and set_option("deterministic" | "ablation") change them.
+/// (--deterministic, --ablation, --tile) and set_option("deterministic" | "ablation" | "tile")
+/// change them.
 Options current_options();
 void set_options(const Options& o);
 
