@@ -525,7 +525,7 @@ TEST_CASE("08: launch report") {
   std::string all;
   for (const auto& [key, value] : stage().report(p, fa::Dtype::BF16)) all += key + ": " + value + "\n";
   INFO(all);
-  CHECK(all.find("grid: 6 x 2 x 1") != std::string::npos);  // batch·heads = 6, ceil(130 / 128) = 2
+  CHECK(all.find("grid: 2 x 3 x 2") != std::string::npos);  // ceil(130 / 128) query tiles, heads, batch
   CHECK(all.find("B_r=128 B_c=64") != std::string::npos);
   CHECK(all.find("4 warps") != std::string::npos);
   CHECK(all.find("registers") != std::string::npos);

@@ -52,6 +52,7 @@ __device__ __forceinline__ void mask_fragments(float (&S)[kMTiles][kNTiles][4], 
 /// [0, visible_key_end(q_row0 + r)) (bottom-right causal, or all seq_k keys), and the
 /// tile holds keys [key0, key0 + 8·kNTiles). Covers the causal diagonal and the ragged
 /// end of the keys at once.
+//! [mask]
 template <int kMTiles, int kNTiles>
 __device__ __forceinline__ void mask_causal_and_tail(float (&S)[kMTiles][kNTiles][4], int lane, int64_t q_row0,
                                                      int key0, int seq_q, int seq_k, bool causal) {
@@ -61,5 +62,6 @@ __device__ __forceinline__ void mask_causal_and_tail(float (&S)[kMTiles][kNTiles
     return ColumnRange{0, int(visible_key_end(q_row0 + r, seq_q, seq_k, causal)) - key0};
   });
 }
+//! [mask]
 
 }  // namespace fa::stage08

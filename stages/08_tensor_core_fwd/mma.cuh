@@ -66,6 +66,7 @@
 namespace fa::stage08 {
 
 /// D = A·B + D for one m16n8k16 tile, fp32 accumulation. `Elem` is __nv_bfloat16 or __half.
+//! [mma]
 template <class Elem>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
@@ -83,6 +84,7 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+//! [mma]
 
 /// The 32-bit shared-memory address ldmatrix and cp.async take.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -156,6 +158,7 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 /// The A fragment of a 16×16 block from the C fragments of its two 8-column halves
 /// (`left` = columns 0-7, `right` = columns 8-15), rounded to `Elem`. See "Why P can
 /// stay in registers" above: the element positions already match.
+//! [p from accumulators]
 template <class Elem>
 __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], const float (&left)[4],
                                                            const float (&right)[4]) {
@@ -164,5 +167,6 @@ __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], con
   a[2] = pack_pair<Elem>(right[0], right[1]);  // row g,   columns 8+2t, 8+2t+1
   a[3] = pack_pair<Elem>(right[2], right[3]);  // row 8+g, columns 8+2t, 8+2t+1
 }
+//! [p from accumulators]
 
 }  // namespace fa::stage08

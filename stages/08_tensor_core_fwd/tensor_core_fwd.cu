@@ -36,7 +36,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
@@ -81,12 +80,13 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
   const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the tile
 
   //! [block to tile]
-  // Which (batch, head, query tile) this block computes. blockIdx.y runs backwards so
-  // that, under a causal mask, the tiles with the most keys are scheduled first and the
-  // cheap ones fill the gaps at the end.
-  const int batch = blockIdx.x / p.heads, head = blockIdx.x % p.heads;
+  // Which (query tile, head, batch) this block computes. Blocks are scheduled in the order
+  // of blockIdx.x first, so the query tiles of one head run side by side and share its
+  // K, V through the L2 cache. blockIdx.x runs backwards: under a causal mask the tiles
+  // with the most keys start first and the cheap ones fill the gaps at the end.
+  const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.kv_heads);
-  const int64_t row0 = int64_t(gridDim.y - 1 - blockIdx.y) * B_r;  // first query row
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * B_r;  // first query row
   const int rows = p.seq_q - row0 < B_r ? int(p.seq_q - row0) : B_r;  // valid rows (≥ 1)
   const int64_t q_head = int64_t(batch) * p.heads + head, kv_head_index = int64_t(batch) * p.kv_heads + kv_head;
   const Elem* Q = static_cast<const Elem*>(p.Q) + (q_head * p.seq_q + row0) * d;  // [rows, d]
@@ -317,8 +317,9 @@ const void* kernel_ptr() {
   return reinterpret_cast<const void*>(&flash_forward_kernel<Tr, Elem, kCausal>);
 }
 
+/// One block per (query tile, head, batch).
 dim3 grid_of(const Problem& p, int block_m) {
-  return dim3(unsigned(p.batch * p.heads), unsigned((p.seq_q + block_m - 1) / block_m));
+  return dim3(unsigned((p.seq_q + block_m - 1) / block_m), unsigned(p.heads), unsigned(p.batch));
 }
 
 /// Launches one variant. A block may use more than 48 KB of dynamic shared memory only
@@ -441,10 +442,11 @@ void check_request(const Problem& p, Dtype dtype) {
   if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end())
     throw std::invalid_argument(std::string(kStageName) + ": head_dim = " + std::to_string(p.head_dim) +
                                 " is not supported (supported: 32, 64, 96, 128, 256)");
-  if (int64_t(p.batch) * p.heads > INT_MAX)
-    throw std::invalid_argument(std::string(kStageName) + ": batch·heads = " +
-                                std::to_string(int64_t(p.batch) * p.heads) + " exceeds the grid limit " +
-                                std::to_string(INT_MAX));
+  if (p.heads > 65535 || p.batch > 65535)
+    throw std::invalid_argument(std::string(kStageName) + ": " +
+                                (p.heads > 65535 ? "heads = " + std::to_string(p.heads)
+                                                 : "batch = " + std::to_string(p.batch)) +
+                                " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
 }
 
 void check_pointer(const char* name, const void* ptr, size_t alignment) {
@@ -519,10 +521,6 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
     using Elem = decltype(tag);
     with_head_dim<Elem>(p.head_dim, options, [&](auto tag_tr) {
       using Tr = typename decltype(tag_tr)::type;
-      const int64_t tiles = (int64_t(p.seq_q) + Tr::kBlockM - 1) / Tr::kBlockM;
-      if (tiles > 65535)
-        throw std::invalid_argument(std::string(kStageName) + ": seq_q = " + std::to_string(p.seq_q) +
-                                    " needs " + std::to_string(tiles) + " query tiles, more than the grid's 65535");
       launch<Tr, Elem>(p, params, stream);
     });
   });

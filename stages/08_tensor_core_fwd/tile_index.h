@@ -64,6 +64,7 @@ FA_HOST_DEVICE constexpr bool swizzle_supported(int head_dim) {
 ///  - 4 chunks per row (64-byte rows, two rows per 128-byte line): chunk ^ ((row/2) mod 4).
 ///    The two rows sharing a line differ in which half they use; the next three pairs
 ///    are permuted, giving 8 distinct slots over 8 rows again.
+//! [swizzle]
 FA_HOST_DEVICE constexpr int swizzle_chunk(int row, int chunk, int chunks_per_row) {
   return chunks_per_row == 4 ? (chunk ^ ((row >> 1) & 3)) : (chunk ^ (row & 7));
 }
@@ -75,6 +76,7 @@ FA_HOST_DEVICE constexpr int smem_offset(int row, int chunk, int head_dim, SmemL
              ? row * head_dim + swizzle_chunk(row, chunk, head_dim / 8) * 8
              : row * smem_row_stride(head_dim, layout) + chunk * 8;
 }
+//! [swizzle]
 
 // ldmatrix walks a tile in 16×16 blocks: block (br, bc) is rows 16·br..16·br+15, chunks
 // 2·bc and 2·bc+1, and the lane points at row 16·br + lr, chunk 2·bc + lc (lr < 16,
@@ -155,6 +157,7 @@ FA_HOST_DEVICE constexpr int64_t visible_key_end(int64_t row, int seq_q, int seq
 
 /// Key tiles of `block_n` keys visited by query rows [row0, row0 + rows), rows ≥ 1.
 /// `split` = false (the no_causal_split ablation) marks every visited tile as masked.
+//! [tile range]
 FA_HOST_DEVICE constexpr KvTileRange kv_tile_range(int64_t row0, int rows, int seq_q, int seq_k,
                                                    bool causal, int block_n, bool split) {
   // The last row of the tile sees the most keys, the first row the fewest.
@@ -165,5 +168,6 @@ FA_HOST_DEVICE constexpr KvTileRange kv_tile_range(int64_t row0, int rows, int s
   r.n_unmasked = split ? int(end_first / block_n) : 0;
   return r;
 }
+//! [tile range]
 
 }  // namespace fa::stage08
