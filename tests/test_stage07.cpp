@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -17,6 +18,19 @@
 
 #include "stage_checks.h"
 #include "stage_list.h"
+
+// CTest's skip code when there is no GPU (CI), decided before doctest starts. (The shared
+// tests/test_main.cpp means to do this under FA_GPU_TEST, but it is compiled once into a
+// library that does not see the definition; this keeps the program from failing there.)
+namespace {
+const bool skip_without_gpu = [] {
+  if (!fa::gpu_available()) {
+    std::printf("skipped: no GPU on this machine\n");
+    std::exit(77);
+  }
+  return true;
+}();
+}  // namespace
 
 #ifdef FA_HAVE_CUDA
 #include "check.h"

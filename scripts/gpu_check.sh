@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The GPU machine's one command: configure (Release, sm_90), build, run every test (CPU and
+# GPU), run compute-sanitizer (memcheck, racecheck, initcheck) over the GPU test programs at
+# small sizes, then the side-by-side benchmark. Logs and the CSV go to OUT; a summary table
+# is printed last.
+#
+#   scripts/gpu_check.sh [OUT]          OUT: the argument, else $OUT, else ./gpu_out
+#
+# Needs the header-only dependencies in .deps/usr (scripts/vendor_deps.sh makes it; the
+# GPU machine has no network). Environment:
+#   FA_COMMIT          commit named in the CSV rows (default: git rev-parse, else "unknown")
+#   FA_BUDGET_S        seconds for the whole script (default 510: it must end within 9 minutes)
+#   FA_BENCH_ARGS      extra arguments for scripts/bench_gpu.py (e.g. "--quick --stages 07")
+#   FA_SKIP_SANITIZER=1, FA_SKIP_BENCH=1   leave a step out
+# OUT holds at most 8 files (what the device tool brings back): build.log, ctest.log,
+# ctest_junit.xml, sanitizer.log, bench.log, bench_gpu.csv, summary.txt. The CSV is meant to
+# be committed as docs/results/h200_bench_gpu.csv (device, commit and date are in each row).
+# Exit code: 0 when the build, every test, every sanitizer run and the benchmark checks pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${1:-${OUT:-./gpu_out}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUDGET=${FA_BUDGET_S:-510}
+BUILD=$ROOT/build-gpu
+JOBS=$(nproc 2>/dev/null || echo 16)
+COMMIT=${FA_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export FA_COMMIT=$COMMIT
+# nvcc and compute-sanitizer live in the CUDA toolkit's bin folder, which may not be on PATH.
+for dir in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+  [[ -d $dir && ":$PATH:" != *":$dir:"* ]] && PATH=$PATH:$dir
+done
+export PATH
+SECONDS=0
+status=()   # one "step|result|seconds" line per step
+failed=0
+
+note() { printf '\n=== [%3ds] %s\n' "$SECONDS" "$*"; }
+record() { status+=("$1|$2|$3"); if [[ $2 != ok* && $2 != skipped* ]]; then failed=1; fi; }
+# Seconds left for a step: a share of what remains, at least `min`.
+share() { local left=$((BUDGET - SECONDS)); local s=$((left * $1 / 100)); ((s < $2)) && s=$2; echo "$s"; }
+
+# ---- 1. configure and build ------------------------------------------------------------
+note "configure + build (Release, sm_90) in $BUILD"
+t0=$SECONDS
+{
+  echo "commit: $COMMIT   date: $(date -u +%FT%TZ)   host: $(hostname)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
+  nvcc --version 2>&1 | tail -2 || true
+  cmake --version | head -1
+} >"$OUT/build.log"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if [[ ! -d .deps/usr ]]; then
+  echo ".deps/usr is missing: run scripts/vendor_deps.sh on a machine with the Debian packages" |
+    tee -a "$OUT/build.log"
+fi
+if cmake -S . -B "$BUILD" ${generator[@]+"${generator[@]}"} -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF \
+     -DCMAKE_PREFIX_PATH="$ROOT/.deps/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+     >>"$OUT/build.log" 2>&1 &&
+   cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+  record build ok $((SECONDS - t0))
+else
+  record build FAILED $((SECONDS - t0))
+  tail -40 "$OUT/build.log"
+fi
+echo "build: $((SECONDS - t0)) s (log: $OUT/build.log)"
+
+if [[ ${status[0]} == build\|FAILED* ]]; then
+  printf '%s\n' "build failed; nothing else can run" | tee "$OUT/summary.txt"
+  exit 1
+fi
+
+# ---- 2. every test, CPU and GPU --------------------------------------------------------
+note "ctest (all tests; FA_TEST_LARGE=1 adds the > 2^31-element case)"
+t0=$SECONDS
+cap=$(share 40 120)
+set +e
+FA_TEST_LARGE=1 timeout -k 10 "$cap" ctest --test-dir "$BUILD" --output-on-failure \
+  -j "$JOBS" --timeout "$cap" --output-junit "$OUT/ctest_junit.xml" >"$OUT/ctest.log" 2>&1
+rc=$?
+set -e
+ctest_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1 || true)
+if ((rc == 0)); then record ctest "ok: $ctest_line" $((SECONDS - t0))
+elif ((rc == 124 || rc == 137)); then record ctest "TIMED OUT after ${cap}s" $((SECONDS - t0))
+else record ctest "FAILED: ${ctest_line:-rc $rc}" $((SECONDS - t0)); fi
+grep -E "^\s*[0-9]+/[0-9]+ Test|tests passed|Total Test time" "$OUT/ctest.log" | tail -60 || true
+
+# ---- 3. compute-sanitizer over the GPU test programs, small sizes ----------------------
+gpu_tests=()
+for n in 07 08 09; do
+  [[ -x $BUILD/tests/test_stage$n ]] && gpu_tests+=("$BUILD/tests/test_stage$n")
+done
+: >"$OUT/sanitizer.log"
+sanitizer_rows=()
+if [[ ${FA_SKIP_SANITIZER:-0} == 1 ]]; then
+  record sanitizer "skipped (FA_SKIP_SANITIZER=1)" 0
+elif ! command -v compute-sanitizer >/dev/null; then
+  record sanitizer "NOT RUN: compute-sanitizer not found" 0
+elif ((${#gpu_tests[@]} == 0)); then
+  record sanitizer "NOT RUN: no GPU test programs in $BUILD/tests" 0
+else
+  note "compute-sanitizer memcheck, racecheck, initcheck (FA_TEST_SMALL=1), in parallel"
+  t0=$SECONDS
+  cap=$(share 50 90)
+  tmp=$(mktemp -d)
+  pids=()
+  for prog in "${gpu_tests[@]}"; do
+    for tool in memcheck racecheck initcheck; do
+      name=$(basename "$prog")_$tool
+      (set +e
+       FA_TEST_SMALL=1 timeout -k 10 "$cap" compute-sanitizer --tool "$tool" \
+         --error-exitcode 86 --print-limit 20 "$prog" >"$tmp/$name.log" 2>&1
+       echo $? >"$tmp/$name.rc") &
+      pids+=($!)
+    done
+  done
+  wait "${pids[@]}" || true
+  sane=1
+  for prog in "${gpu_tests[@]}"; do
+    for tool in memcheck racecheck initcheck; do
+      name=$(basename "$prog")_$tool
+      rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo "?")
+      errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ error" "$tmp/$name.log" | grep -Eo "[0-9]+" | tail -1 || true)
+      hazards=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazard" "$tmp/$name.log" | grep -Eo "[0-9]+" | tail -1 || true)
+      tests=$(grep -E "test cases:" "$tmp/$name.log" | tail -1 | sed 's/\[doctest\] //; s/  */ /g' || true)
+      case $rc in
+        0) verdict=ok ;;
+        77) verdict="skipped (no GPU)" ;;
+        86) verdict="ERRORS"; sane=0 ;;
+        124|137) verdict="TIMED OUT (${cap}s)"; sane=0 ;;
+        *) verdict="FAILED (rc $rc)"; sane=0 ;;
+      esac
+      sanitizer_rows+=("$(printf '%-16s %-10s errors %-4s hazards %-4s %-18s %s' \
+        "$(basename "$prog")" "$tool" "${errors:--}" "${hazards:--}" "$verdict" "$tests")")
+      {
+        echo "################ $(basename "$prog") / $tool: rc $rc ($verdict)"
+        head -c 2000000 "$tmp/$name.log"
+        echo
+      } >>"$OUT/sanitizer.log"
+    done
+  done
+  rm -rf "$tmp"
+  if ((sane)); then record sanitizer ok $((SECONDS - t0)); else record sanitizer "FAILED (see sanitizer.log)" $((SECONDS - t0)); fi
+  printf '%s\n' "${sanitizer_rows[@]}"
+fi
+
+# ---- 4. benchmark sweep ------------------------------------------------------------------
+if [[ ${FA_SKIP_BENCH:-0} == 1 ]]; then
+  record bench "skipped (FA_SKIP_BENCH=1)" 0
+else
+  t0=$SECONDS
+  cap=$((BUDGET - SECONDS - 15))
+  ((cap < 60)) && cap=60
+  # The full sweep takes a few minutes; with less time left, the quick one (stage 07 is
+  # measured in full either way).
+  if [[ -z ${FA_BENCH_ARGS+set} ]] && ((cap < 240)); then FA_BENCH_ARGS=--quick; fi
+  note "benchmark: scripts/bench_gpu.py ${FA_BENCH_ARGS:-} (at most ${cap}s)"
+  set +e
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout -k 10 "$cap" python3 scripts/bench_gpu.py \
+    --lib "$BUILD/stages/libfa_c.so" --out "$OUT/bench_gpu.csv" --commit "$COMMIT" \
+    ${FA_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  rc=$?
+  set -e
+  if ((rc == 0)); then record bench ok $((SECONDS - t0))
+  elif ((rc == 124 || rc == 137)); then record bench "TIMED OUT after ${cap}s (partial log; try FA_BENCH_ARGS=--quick)" $((SECONDS - t0))
+  else record bench "FAILED (rc $rc, see bench.log)" $((SECONDS - t0)); fi
+fi
+
+# ---- 5. summary --------------------------------------------------------------------------
+{
+  echo "==== gpu_check summary: commit $COMMIT, $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  printf '%-10s %6s  %s\n' step seconds result
+  for s in "${status[@]}"; do
+    IFS='|' read -r step result secs <<<"$s"
+    printf '%-10s %6s  %s\n' "$step" "$secs" "$result"
+  done
+  if ((${#sanitizer_rows[@]})); then
+    echo "-- compute-sanitizer (FA_TEST_SMALL=1)"
+    printf '%s\n' "${sanitizer_rows[@]}"
+  fi
+  if [[ -f $OUT/ctest.log ]] && grep -q "The following tests FAILED" "$OUT/ctest.log"; then
+    echo "-- failed tests"
+    sed -n '/The following tests FAILED/,$p' "$OUT/ctest.log" | head -20
+  fi
+  if [[ -f $OUT/bench.log ]]; then
+    echo "-- benchmark (bench.log, bench_gpu.csv)"
+    sed -n '/==== bench_gpu summary ====/,$p' "$OUT/bench.log" | tail -n +2 | head -80
+  fi
+  echo "total: ${SECONDS}s of a ${BUDGET}s budget; files in $OUT: $(cd "$OUT" && echo *)"
+} | tee "$OUT/summary.txt"
+exit "$failed"
