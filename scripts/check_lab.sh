@@ -7,7 +7,7 @@
 #      library first, so that a region whose stub cannot compile is named), CPU only;
 #   4. in it, exactly the stubbed stages fail with "not implemented" and everything else
 #      passes (tests that run every stage, such as the tour, may fail only on those stubs);
-#   5. with nvcc present, the stubbed GPU stages' libraries compile (CUDA on, one arch);
+#   5. with nvcc present, the stubbed GPU stages' sources compile (CUDA on, one arch);
 #   6. pasting the solution regions back into that same tree makes every test pass.
 #
 #   scripts/check_lab.sh            (from .ci/run: bash scripts/check_lab.sh)
@@ -85,18 +85,25 @@ python3 "$tree/scripts/grade.py" --source-dir "$tree" --build-dir "$build" \
 
 # ---- 5. the stubbed GPU stages compile
 gpu_stages=""
-for n in $stubbed; do [ "$((10#$n))" -ge 7 ] && gpu_stages+=" $n"; done
+for n in $stubbed; do
+  if [ "$((10#$n))" -ge 7 ]; then gpu_stages+=" $n"; fi
+done
 if [ -n "$gpu_stages" ] && [ "${FA_LAB_CUDA:-1}" != 0 ] && command -v nvcc >/dev/null; then
   archs="${FA_LAB_CUDA_ARCHS:-80}"
-  if [ ! -f "$build_cuda/CMakeCache.txt" ]; then
+  if ! grep -qx "CMAKE_CUDA_ARCHITECTURES:STRING=$archs" "$build_cuda/CMakeCache.txt" 2>/dev/null; then
     step "configuring $build_cuda (CUDA, sm_$archs)"
     cmake -S "$tree" -B "$build_cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
       "-DCMAKE_CUDA_ARCHITECTURES=$archs" >"$work/configure-cuda.log" 2>&1 ||
       { cat "$work/configure-cuda.log"; fail "cmake configure with CUDA"; }
   fi
   for n in $gpu_stages; do
-    step "compiling GPU stage $n with its regions stubbed"
-    cmake --build "$build_cuda" -j "$jobs" --target "fa_stage_$n" >"$work/build-cuda-$n.log" 2>&1 ||
+    # Only the stage's own object files: the stubs live there, and the CPU build above has
+    # already compiled the shared harness.
+    objects="$(ninja -C "$build_cuda" -t targets all | sed -n "s|^\(stages/[^:]*/fa_stage_$n\.dir/[^:]*\.o\): .*|\1|p")"
+    [ -n "$objects" ] || fail "no object files of fa_stage_$n in $build_cuda (is stage $n in the CUDA build?)"
+    step "compiling GPU stage $n with its regions stubbed ($(wc -w <<<"$objects") files)"
+    # shellcheck disable=SC2086  # one argument per object file
+    ninja -C "$build_cuda" -j "$jobs" $objects >"$work/build-cuda-$n.log" 2>&1 ||
       { grep -E "error" -A3 "$work/build-cuda-$n.log" | head -n 60; fail "GPU stage $n does not compile with its regions stubbed"; }
   done
 elif [ -n "$gpu_stages" ]; then

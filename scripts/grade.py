@@ -49,8 +49,13 @@ class Result:
 
     @property
     def first_error(self) -> str:
-        """The first line of the output that looks like the reason for a failure."""
-        for ln in self.output.splitlines():
+        """The first line of the output that looks like the reason for a failure: a failed
+        comparison against the reference (with its worst element) if there is one."""
+        lines = self.output.splitlines()
+        for ln in lines:
+            if re.search(r"\bmax_abs=.*\bFAIL\s*$", ln):
+                return ln.strip()[:200]
+        for ln in lines:
             if re.search(r"\b(ERROR|FAIL|FAILED|Error|error|Traceback|Assertion|threw|Segmentation)\b", ln) \
                     and not re.search(r"\b0 failed\b|status: SUCCESS", ln):
                 return ln.strip()[:160]
@@ -138,7 +143,7 @@ def summarise(results: dict[str, Result], folders: dict[str, str],
     for number, folder in folders.items():
         r = results.get(f"stage{number}")
         if r is None:
-            state, text = "missing", "not built here (no test program: a GPU stage needs nvcc)"
+            state, text = "missing", "not built here (no test program: GPU stages need a CUDA build)"
         elif r.status == "passed":
             state, text = "passed", "passed"
         elif r.status == "skipped":
