@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -54,11 +53,11 @@ class Result:
         lines = self.output.splitlines()
         for ln in lines:
             if re.search(r"\bmax_abs=.*\bFAIL\s*$", ln):
-                return ln.strip()[:200]
+                return " ".join(ln.split())[:200]
         for ln in lines:
             if re.search(r"\b(ERROR|FAIL|FAILED|Error|error|Traceback|Assertion|threw|Segmentation)\b", ln) \
                     and not re.search(r"\b0 failed\b|status: SUCCESS", ln):
-                return ln.strip()[:160]
+                return " ".join(ln.split())[:160]
         return self.message or "see the test output"
 
 

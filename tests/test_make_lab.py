@@ -320,6 +320,16 @@ class Tree(unittest.TestCase):
             self.generate("03")
         self.assertIn("no LAB regions", str(e.exception))
 
+    def test_stage_numbers_and_a_foreign_output_folder(self):
+        self.assertEqual(self.generate("5")["stubbed_stages"], ["05"])
+        other = Path(self.tmp.name) / "someone-elses"
+        other.mkdir()
+        (other / "notes.txt").write_text("keep me\n")
+        with self.assertRaises(LabError) as e:
+            with contextlib.redirect_stdout(io.StringIO()):
+                make_lab.generate(self.repo, other, "05")
+        self.assertIn("not empty", str(e.exception))
+
     def test_duplicate_region_names_in_a_stage(self):
         (self.repo / "stages/05_x/x2.cpp").write_text(GOOD)
         with self.assertRaises(LabError) as e:
@@ -369,6 +379,8 @@ class Tree(unittest.TestCase):
             make_lab.generate(self.repo, self.repo / "build" / "lab", "05")  # ignored: allowed
 
 
+@unittest.skipIf((ROOT / ".lab.json").exists() or not (ROOT / ".git").exists(),
+                 "not the solution repository (a generated lab tree, or no git checkout)")
 class ThisRepository(unittest.TestCase):
     def test_every_marker_of_the_stages_is_valid(self):
         tree = make_lab.load_tree(ROOT)
