@@ -90,7 +90,7 @@ for n in $stubbed; do
 done
 if [ -n "$gpu_stages" ] && [ "${FA_LAB_CUDA:-1}" != 0 ] && command -v nvcc >/dev/null; then
   archs="${FA_LAB_CUDA_ARCHS:-80}"
-  if ! grep -qx "CMAKE_CUDA_ARCHITECTURES:STRING=$archs" "$build_cuda/CMakeCache.txt" 2>/dev/null; then
+  if ! grep -Eqx "CMAKE_CUDA_ARCHITECTURES:[A-Z]+=$archs" "$build_cuda/CMakeCache.txt" 2>/dev/null; then
     step "configuring $build_cuda (CUDA, sm_$archs)"
     cmake -S "$tree" -B "$build_cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
       "-DCMAKE_CUDA_ARCHITECTURES=$archs" >"$work/configure-cuda.log" 2>&1 ||
