@@ -111,7 +111,8 @@ TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
 }
 
 TEST_CASE("07: two runs are bitwise identical") {
-  const fa::Problem p = small() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
+  const fa::Problem p =
+      small() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
   fa::Tensors a = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
   fa::Tensors b = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
   stage().forward(p, fa::Dtype::F32, a.Q.data(), a.K.data(), a.V.data(), a.O.data(), a.L.data());
@@ -133,7 +134,8 @@ TEST_CASE("07: launch shape and report") {
   CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
 
   std::string all;
-  for (const auto& [key, value] : stage().report(p, fa::Dtype::F32)) all += key + ": " + value + "\n";
+  for (const auto& [key, value] : stage().report(p, fa::Dtype::F32))
+    all += key + ": " + value + "\n";
   INFO(all);
   CHECK(all.find("grid: 18 x 1 x 1") != std::string::npos);
   CHECK(all.find("registers") != std::string::npos);
@@ -192,7 +194,8 @@ TEST_CASE("07: device pointers on a non-default stream give the host path's resu
   fa::upload(fa::Dtype::F32, t.Q.data(), Q.get(), p.q_elems(), stream);
   fa::upload(fa::Dtype::F32, t.K.data(), K.get(), p.kv_elems(), stream);
   fa::upload(fa::Dtype::F32, t.V.data(), V.get(), p.kv_elems(), stream);
-  fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(), L.as<float>(), stream);
+  fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(),
+                       L.as<float>(), stream);
   std::vector<float> o(size_t(p.q_elems())), l(size_t(p.l_elems()));
   fa::download(fa::Dtype::F32, O.get(), o.data(), p.q_elems(), stream);
   fa::download(fa::Dtype::F32, L.get(), l.data(), p.l_elems(), stream);
@@ -248,11 +251,13 @@ TEST_CASE("07: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
     }
     fa::DeviceBuffer Q(p.q_elems() * 4, "Q"), K(p.kv_elems() * 4, "K"), V(p.kv_elems() * 4, "V"),
         O(p.q_elems() * 4, "O"), L(p.l_elems() * 4, "L");
-    fa::Tensors kv = fa::Tensors::make(make(1, 1, 1, 1, 300, 128, false), 5, fa::Dist::Normal, false);
+    const fa::Problem kv_shape = make(1, 1, 1, 1, 300, 128, false);
+    fa::Tensors kv = fa::Tensors::make(kv_shape, 5, fa::Dist::Normal, false);
     fa::fill_random(fa::Dtype::F32, Q.get(), p.q_elems(), 77, nullptr);
     fa::upload(fa::Dtype::F32, kv.K.data(), K.get(), p.kv_elems(), nullptr);
     fa::upload(fa::Dtype::F32, kv.V.data(), V.get(), p.kv_elems(), nullptr);
-    fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(), L.as<float>(), nullptr);
+    fa::stage07::forward(p, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(),
+                         L.as<float>(), nullptr);
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     CAPTURE(causal);
     check_window(p, 0, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());

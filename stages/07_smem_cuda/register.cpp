@@ -22,7 +22,7 @@ void require_runnable(const Problem& p, Dtype t) {
 StageInfo info() {
   StageInfo s;
   s.name = "07_smem_cuda";
-  s.idea = "the tiled forward as a CUDA kernel: fp32, K/V tiles in shared memory, S and O in registers";
+  s.idea = "the tiled forward as a CUDA kernel: fp32, tiles in shared memory, S and O in registers";
   s.is_gpu = true;
   s.dtypes = {Dtype::F32};
   s.head_dims = supported_head_dims();

@@ -88,7 +88,8 @@ struct Config {
   // thread, 4 leave 128, which spills once a thread holds 32 scores (B_c = 64). The compiler
   // is told this target (__launch_bounds__) and fits its register use to it.
   static constexpr int kSmemBlocks = int(233472 / (kSharedBytes + 1024));
-  static constexpr int kMinBlocks = kSmemBlocks < (B_c == 64 ? 3 : 4) ? kSmemBlocks : (B_c == 64 ? 3 : 4);
+  static constexpr int kRegisterBlocks = B_c == 64 ? 3 : 4;
+  static constexpr int kMinBlocks = kSmemBlocks < kRegisterBlocks ? kSmemBlocks : kRegisterBlocks;
   static_assert(D % 32 == 0 && (B_c == 32 || B_c == 64), "unsupported tile configuration");
 };
 
@@ -121,7 +122,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // n_rows and columns at or past d (up to D) become zeros: a zero key row gives a score the
 // mask removes, a zero value row adds nothing, so the products need no tail cases.
 // Thread t copies chunk column t % kChunkCols of rows t / kChunkCols, + kRowStep, + 2·kRowStep,
-// ...; a warp thus reads whole rows, 512 contiguous bytes at a time. kChunkCols is D/4
+// ...: consecutive threads read consecutive 16-byte chunks of a row, so every warp-wide load
+// is contiguous (for D = 128, one 512-byte row per warp). kChunkCols is D/4
 // rounded up to a power of two so that it divides the 128 threads (for D = 96, 8 of every
 // 32 lanes have no column and stay idle). `fetch` issues all global loads first, so their
 // latencies overlap; `store` then writes shared memory.
@@ -214,11 +216,12 @@ __device__ __forceinline__ void online_softmax(float (&S)[kRowsPerThread][C::kSC
     // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead of −∞
     // keeps its P at 2^{−∞} = 0 rather than 2^{−∞+∞} = NaN.
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = exp2_ftz(row_max[t] - m_use);  // e^{scale·(m_old − m_new)}; 0 on the first tile
+    // alpha = e^{scale·(m_old − m_new)}; 0 on the first tile a row sees a key
+    const float alpha = exp2_ftz(row_max[t] - m_use);
     float tile_sum = 0.f;
 #pragma unroll
     for (int u = 0; u < C::kSCols; ++u) {
-      S[t][u] = exp2_ftz(fmaf(S[t][u], scale_log2, -m_use));  // P_ij = e^{scale·S_ij − scale·m_new}
+      S[t][u] = exp2_ftz(fmaf(S[t][u], scale_log2, -m_use));  // P_ij = e^{scale·(S_ij − m_new)}
       tile_sum += S[t][u];
     }
     row_sum[t] = alpha * row_sum[t] + tile_sum;
@@ -242,14 +245,16 @@ __device__ __forceinline__ void accumulate_pv(const float* sP, const float* sV, 
     float p[kRowsPerThread][4];  // P_ij[row][k..k+3] for this thread's 4 rows
 #pragma unroll
     for (int t = 0; t < kRowsPerThread; ++t) {
-      const float4 p4 = *reinterpret_cast<const float4*>(sP + (g + kRowGroups * t) * C::kPStride + k);
+      const float* row = sP + (g + kRowGroups * t) * C::kPStride;
+      const float4 p4 = *reinterpret_cast<const float4*>(row + k);
       p[t][0] = p4.x, p[t][1] = p4.y, p[t][2] = p4.z, p[t][3] = p4.w;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
 #pragma unroll
       for (int s = 0; s < C::D / 32; ++s) {
-        const float4 v = *reinterpret_cast<const float4*>(sV + (k + e) * C::kVStride + 32 * s + 4 * c);
+        const float* row = sV + (k + e) * C::kVStride;  // V_j[k + e][:]
+        const float4 v = *reinterpret_cast<const float4*>(row + 32 * s + 4 * c);
 #pragma unroll
         for (int t = 0; t < kRowsPerThread; ++t) {
           O_acc[t][4 * s + 0] = fmaf(p[t][e], v.x, O_acc[t][4 * s + 0]);
@@ -423,7 +428,8 @@ void with_config(int D, int B_c, Fn&& fn) {
     case 64: wide ? fn(Config<64, 64>{}) : fn(Config<64, 32>{}); break;
     case 96: wide ? fn(Config<96, 64>{}) : fn(Config<96, 32>{}); break;
     case 128: wide ? fn(Config<128, 64>{}) : fn(Config<128, 32>{}); break;
-    default: throw std::logic_error(std::string(kStage) + ": no kernel for D = " + std::to_string(D));
+    default:
+      throw std::logic_error(std::string(kStage) + ": no kernel for D = " + std::to_string(D));
   }
 }
 
@@ -517,7 +523,8 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();  // clear the error of the failed query
-    rows.emplace_back("launch", std::to_string(s.blocks) + " blocks x " + std::to_string(s.threads) +
+    rows.emplace_back("launch", std::to_string(s.blocks) + " blocks x " +
+                                    std::to_string(s.threads) +
                                     " threads, " + std::to_string(s.shared_bytes) +
                                     " B shared per block (registers, occupancy: no GPU here)");
     return rows;
