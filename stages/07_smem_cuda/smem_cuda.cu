@@ -208,7 +208,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[kRowsPerThread][C::kSC
     float tile_max = S[t][0];
 #pragma unroll
     for (int u = 1; u < C::kSCols; ++u) tile_max = fmaxf(tile_max, S[t][u]);
-    // The other 7 columns groups of this row are lanes (lane xor 1, 2, 4) of this warp.
+    // The other 7 column groups of this row are lanes (lane xor 1, 2, 4) of this warp.
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
