@@ -3,14 +3,15 @@
 // refusals, a non-default stream, the launch report, and a tensor of more than 2³¹
 // elements (FA_TEST_LARGE=1; about 17 GB of GPU memory).
 //
-// Environment: FA_TEST_SMALL=1 shrinks every case (for compute-sanitizer runs);
-// FA_TEST_LARGE=1 adds the > 2³¹-element case.
+// Without a GPU only the test suite "cpu" runs (refusals and launch shapes, which are decided
+// before the device is touched). Environment: FA_TEST_SMALL=1 shrinks every case (for
+// compute-sanitizer runs); FA_TEST_LARGE=1 adds the > 2³¹-element case.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -18,19 +19,6 @@
 
 #include "stage_checks.h"
 #include "stage_list.h"
-
-// CTest's skip code when there is no GPU (CI), decided before doctest starts. (The shared
-// tests/test_main.cpp means to do this under FA_GPU_TEST, but it is compiled once into a
-// library that does not see the definition; this keeps the program from failing there.)
-namespace {
-const bool skip_without_gpu = [] {
-  if (!fa::gpu_available()) {
-    std::printf("skipped: no GPU on this machine\n");
-    std::exit(77);
-  }
-  return true;
-}();
-}  // namespace
 
 #ifdef FA_HAVE_CUDA
 #include "check.h"
@@ -80,8 +68,6 @@ TEST_CASE("07: properties (key permutation, bitwise determinism)") {
   fa::test::check_properties(stage(), fa::Dtype::F32, false);
 }
 
-TEST_CASE("07: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
-
 TEST_CASE("07: random shapes") {
   fa::test::check_random_shapes(stage(), fa::Dtype::F32, false, small() ? 4 : 24);
 }
@@ -121,18 +107,66 @@ TEST_CASE("07: two runs are bitwise identical") {
   CHECK(std::memcmp(a.L.data(), b.L.data(), a.L.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("07: launch shape and report") {
-  const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
-  const auto s = fa::stage07::launch_shape(p);
-  CHECK(s.head_dim_padded == 128);
-  CHECK(s.block_q == 64);
-  CHECK(s.threads == 128);
-  CHECK(s.blocks == 3 * 2 * 3);  // T_r = ceil(130 / 64) = 3 query tiles per head
-  // sQ [64][132] + sK [32][132] + sV [32][128] + sP [64][36] floats
-  CHECK(s.shared_bytes == 4 * (64 * 132 + 32 * 132 + 32 * 128 + 64 * 36));
-  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 40, false)).head_dim_padded == 64);
-  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
+TEST_SUITE("cpu") {
+  TEST_CASE("07: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
 
+  TEST_CASE("07: launch shape") {
+    const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
+    const auto s = fa::stage07::launch_shape(p);
+    CHECK(s.head_dim_padded == 128);
+    CHECK(s.block_q == 64);
+    CHECK(s.block_k == 32);
+    CHECK(s.threads == 128);
+    CHECK(s.blocks == 3 * 2 * 3);  // T_r = ceil(130 / 64) = 3 query tiles per head
+    // sQ [64][132] + sK [32][132] + sV [32][128] + sP [64][36] floats
+    CHECK(s.shared_bytes == 4 * (64 * 132 + 32 * 132 + 32 * 128 + 64 * 36));
+    // sQ [64][68] + sK [64][68] + sV [64][64] + sP [64][68]: d = 40 runs the D = 64 kernel
+    const auto s40 = fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 40, false));
+    CHECK(s40.head_dim_padded == 64);
+    CHECK(s40.block_k == 64);
+    CHECK(s40.shared_bytes == 4 * (3 * 64 * 68 + 64 * 64));
+    CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
+    CHECK(fa::stage07::launch_shape(make(1, 1, 1, 0, 5, 64, false)).blocks == 0);
+    CHECK_THROWS_AS(fa::stage07::set_block_k(48), std::invalid_argument);
+    {
+      BlockK scope(64);
+      CHECK(fa::stage07::launch_shape(p).block_k == 64);
+    }
+    CHECK(fa::stage07::block_k_option() == 0);
+  }
+
+  TEST_CASE("07: the device entry point refuses bad input before touching the GPU") {
+    // Refusals are decided on the host, before any CUDA call, so fake pointers do here.
+    const fa::Problem p = make(1, 2, 1, 70, 50, 64, false);
+    const auto fake = [](uintptr_t address) { return reinterpret_cast<void*>(address); };
+    const auto refused = [&](const fa::Problem& q, fa::Dtype t, const void* q_ptr,
+                             const std::string& fragment) {
+      std::string msg;
+      try {
+        stage().forward_device(q, t, q_ptr, fake(0x20000), fake(0x30000), fake(0x40000),
+                               static_cast<float*>(fake(0x50000)), nullptr);
+      } catch (const std::invalid_argument& e) {
+        msg = e.what();
+      }
+      INFO("message: '", msg, "'");
+      CHECK(msg.find(fragment) != std::string::npos);
+      CHECK(msg.find("07_smem_cuda") != std::string::npos);
+    };
+    refused(p, fa::Dtype::F16, fake(0x10000), "f16");
+    refused(p, fa::Dtype::F32, fake(0x10004), "aligned");  // float-aligned, not 16-byte
+    fa::Problem bad = p;
+    bad.head_dim = 48;
+    refused(bad, fa::Dtype::F32, fake(0x10000), "head_dim = 48");
+    bad.head_dim = 256;
+    refused(bad, fa::Dtype::F32, fake(0x10000), "head_dim = 256");
+    bad = p;
+    bad.kv_heads = 3;
+    refused(bad, fa::Dtype::F32, fake(0x10000), "kv_heads = 3");
+  }
+}
+
+TEST_CASE("07: launch report (registers, occupancy)") {
+  const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
   std::string all;
   for (const auto& [key, value] : stage().report(p, fa::Dtype::F32))
     all += key + ": " + value + "\n";
@@ -143,43 +177,26 @@ TEST_CASE("07: launch shape and report") {
   CHECK(all.find("0 B per thread (spills)") != std::string::npos);  // no local memory
 }
 
-TEST_CASE("07: the device entry point refuses bad input and writes nothing") {
+TEST_CASE("07: a refused launch writes nothing") {
   const fa::Problem p = make(1, 2, 1, 70, 50, 64, false);
-  fa::DeviceBuffer Q(p.q_elems() * 4 + 16, "Q"), K(p.kv_elems() * 4 + 16, "K"),
-      V(p.kv_elems() * 4 + 16, "V"), O(p.q_elems() * 4 + 16, "O"), L(p.l_elems() * 4, "L");
+  fa::DeviceBuffer Q(p.q_elems() * 4 + 16, "Q"), K(p.kv_elems() * 4, "K"), V(p.kv_elems() * 4, "V"),
+      O(p.q_elems() * 4, "O"), L(p.l_elems() * 4, "L");
   for (auto* b : {&Q, &K, &V, &O, &L}) FA_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
-  const auto& fwd = stage().forward_device;
-  const auto refused = [&](const fa::Problem& q, fa::Dtype t, const void* q_ptr,
-                           const std::string& fragment) {
-    bool thrown = false;
-    try {
-      fwd(q, t, q_ptr, K.get(), V.get(), O.get(), L.as<float>(), nullptr);
-    } catch (const std::invalid_argument& e) {
-      thrown = true;
-      INFO(e.what());
-      CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-      CHECK(std::string(e.what()).find("07_smem_cuda") != std::string::npos);
-    }
-    CHECK(thrown);
-  };
-  refused(p, fa::Dtype::F16, Q.get(), "f16");
-  refused(p, fa::Dtype::F32, Q.as<char>() + 4, "aligned");  // float-aligned, not 16-byte aligned
+  const void* misaligned = Q.as<char>() + 4;
+  CHECK_THROWS_AS(stage().forward_device(p, fa::Dtype::F32, misaligned, K.get(), V.get(), O.get(),
+                                         L.as<float>(), nullptr),
+                  std::invalid_argument);
   fa::Problem bad = p;
   bad.head_dim = 48;
-  refused(bad, fa::Dtype::F32, Q.get(), "head_dim = 48");
-  bad.head_dim = 256;
-  refused(bad, fa::Dtype::F32, Q.get(), "head_dim = 256");
-  bad = p;
-  bad.kv_heads = 3;
-  refused(bad, fa::Dtype::F32, Q.get(), "kv_heads = 3");
-  CHECK_THROWS_AS(fa::stage07::set_block_k(48), std::invalid_argument);
-
+  CHECK_THROWS_AS(stage().forward_device(bad, fa::Dtype::F32, Q.get(), K.get(), V.get(), O.get(),
+                                         L.as<float>(), nullptr),
+                  std::invalid_argument);
   FA_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned char> o(O.bytes());
+  std::vector<unsigned char> o(O.bytes()), l(L.bytes());
   FA_CUDA_CHECK(cudaMemcpy(o.data(), O.get(), o.size(), cudaMemcpyDeviceToHost));
-  bool untouched = true;
-  for (unsigned char byte : o) untouched = untouched && byte == 0x7f;
-  CHECK(untouched);
+  FA_CUDA_CHECK(cudaMemcpy(l.data(), L.get(), l.size(), cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(o.begin(), o.end(), [](unsigned char x) { return x == 0x7f; }));
+  CHECK(std::all_of(l.begin(), l.end(), [](unsigned char x) { return x == 0x7f; }));
 }
 
 TEST_CASE("07: device pointers on a non-default stream give the host path's result") {
