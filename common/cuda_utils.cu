@@ -156,6 +156,7 @@ void fill_random(Dtype t, void* dev, int64_t n, uint64_t seed, cudaStream_t stre
 ForwardFn host_forward_via_device(ForwardDeviceFn fwd) {
   return [fwd](const Problem& p, Dtype t, const float* Q, const float* K, const float* V,
                float* O, float* L) {
+    p.validate("GPU stage");  // refuse a bad problem before sizes become allocations
     require_gpu("GPU stage");
     const size_t es = dtype_size(t);
     DeviceBuffer dQ(p.q_elems() * es, "Q"), dK(p.kv_elems() * es, "K"), dV(p.kv_elems() * es, "V");
@@ -173,6 +174,7 @@ ForwardFn host_forward_via_device(ForwardDeviceFn fwd) {
 BackwardFn host_backward_via_device(BackwardDeviceFn bwd) {
   return [bwd](const Problem& p, Dtype t, const float* Q, const float* K, const float* V,
                const float* O, const float* L, const float* dO, float* dQ, float* dK, float* dV) {
+    p.validate("GPU stage");  // refuse a bad problem before sizes become allocations
     require_gpu("GPU stage");
     const size_t es = dtype_size(t);
     const int64_t nq = p.q_elems(), nkv = p.kv_elems();

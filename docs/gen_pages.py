@@ -234,7 +234,7 @@ def points_from(path: Path, rows):
                 ai = 2.5 * flops / nbytes
             # Rows of the project's own stages (any H200 file but the anchors) are drawn as
             # diamonds; the anchors as circles.
-            stage = path.name != "h200_anchors.csv"
+            stage = path.name != "h200_anchors.csv" and re.match(r"\d\d_", what) is not None
             series = f"{what} {dirn}" + (" (stage)" if stage else "")
             pts.append((series, ai, tf, dtype, f"{path.name}: {what} {dtype} d={int(d)} "
                         f"N={int(N)}{' causal' if causal else ''} {dirn} {tf:g} TFLOP/s"))

@@ -118,7 +118,7 @@ TEST_CASE("bottom-right causal alignment") {
 TEST_CASE("the check fails a wrong output and names the worst element") {
   const Problem p = small(false, 6, 8);
   fa::Tensors t = fa::Tensors::make(p, 5, fa::Dist::Normal, false);
-  const fa::StageInfo& s = fa::find_stage("05");
+  const fa::StageInfo& s = fa::find_stage("03");  // 03 has no lab regions, so this passes in a lab tree too
   REQUIRE(fa::check_forward(s, p, fa::Dtype::F32, t).pass());
 
   SUBCASE("a perturbed element") {
