@@ -23,6 +23,8 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -37,12 +39,29 @@
 namespace {
 
 struct Measured {
-  double seconds = -1;  // median seconds of one run; < 0 if the child failed
+  double seconds = -1;      // median wall-clock seconds of one run; < 0 if the child failed
+  double cpu_seconds = -1;  // CPU seconds of one run (all threads), averaged over the runs
   double peak_rss_mib = 0;
 };
 
-// Runs `fn` (which returns seconds) in a child process; returns its result and the child's
-// peak resident memory.
+// Median wall-clock seconds of `fn` over `repeats` runs after `warmup` runs, and the mean
+// CPU time per run of the process (all its threads) over the same runs. On a busy machine the
+// CPU time of a one-thread run still measures the work; the wall-clock time does not.
+template <typename Fn>
+std::pair<double, double> timed(const Fn& fn, int warmup, int repeats) {
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  for (int i = 0; i < warmup; ++i) fn();
+  const double cpu0 = cpu_now();
+  const double wall = fa::median_seconds(fn, 0, repeats);
+  return {wall, (cpu_now() - cpu0) / std::max(1, repeats)};
+}
+
+// Runs `fn` (which returns {wall seconds, CPU seconds}) in a child process; returns its result
+// and the child's peak resident memory.
 template <typename Fn>
 Measured in_child(const Fn& fn) {
   int fds[2];
@@ -52,18 +71,22 @@ Measured in_child(const Fn& fn) {
   if (pid < 0) throw std::runtime_error("bench06: fork() failed");
   if (pid == 0) {
     close(fds[0]);
-    double seconds = -1;
+    double seconds[2] = {-1, -1};
     try {
-      seconds = fn();
+      std::tie(seconds[0], seconds[1]) = fn();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench06: %s\n", e.what());
     }
-    const ssize_t n = write(fds[1], &seconds, sizeof seconds);
+    const ssize_t n = write(fds[1], seconds, sizeof seconds);
     _exit(n == sizeof seconds ? 0 : 1);
   }
   close(fds[1]);
   Measured m;
-  if (read(fds[0], &m.seconds, sizeof m.seconds) != sizeof m.seconds) m.seconds = -1;
+  double seconds[2] = {-1, -1};
+  if (read(fds[0], seconds, sizeof seconds) == sizeof seconds) {
+    m.seconds = seconds[0];
+    m.cpu_seconds = seconds[1];
+  }
   close(fds[0]);
   int status = 0;
   rusage usage{};
@@ -119,10 +142,13 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv, "write the rows to this CSV file");
   CLI11_PARSE(app, argc, argv);
 
+  // Other work on the machine skews every figure (the two-thread rows most): say how busy it was.
+  const std::string load_before = first_line_of("cat /proc/loadavg");
+
   struct Row {
     std::string what;
     int N, d, threads;
-    double seconds, flops, peak_rss_mib;
+    double seconds, cpu_seconds, flops, peak_rss_mib;
   };
   std::vector<Row> rows;
 
@@ -130,10 +156,10 @@ int main(int argc, char** argv) {
   const int g = 2048;
   const Measured gemm = in_child([&] {
     Eigen::MatrixXf A = Eigen::MatrixXf::Random(g, g), B = Eigen::MatrixXf::Random(g, g), C(g, g);
-    return fa::median_seconds([&] { C.noalias() = A * B; }, 1, repeat);
+    return timed([&] { C.noalias() = A * B; }, 1, repeat);
   });
   const double gemm_flops = 2.0 * g * g * double(g);
-  rows.push_back({"eigen_sgemm_2048", g, 0, 1, gemm.seconds, gemm_flops, gemm.peak_rss_mib});
+  rows.push_back({"eigen_sgemm_2048", g, 0, 1, gemm.seconds, gemm.cpu_seconds, gemm_flops, gemm.peak_rss_mib});
 
   // 2. Stage 06 forward and backward, 1 and 2 threads.
   const fa::Problem p = square(n, d);
@@ -142,20 +168,20 @@ int main(int argc, char** argv) {
     c.threads = threads;
     const Measured fwd = in_child([&] {
       fa::Tensors t = fa::Tensors::make(p, 1, fa::Dist::Normal, false);
-      return fa::median_seconds([&] {
+      return timed([&] {
         fa::stage06::forward(p, c, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
       }, 1, repeat);
     });
-    rows.push_back({"forward_06", n, d, threads, fwd.seconds, p.forward_flops(), fwd.peak_rss_mib});
+    rows.push_back({"forward_06", n, d, threads, fwd.seconds, fwd.cpu_seconds, p.forward_flops(), fwd.peak_rss_mib});
     const Measured bwd = in_child([&] {
       fa::Tensors t = fa::Tensors::make(p, 1, fa::Dist::Normal, true);
       fa::stage06::forward(p, c, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
-      return fa::median_seconds([&] {
+      return timed([&] {
         fa::stage06::backward(p, c, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(),
                               t.dO.data(), t.dQ.data(), t.dK.data(), t.dV.data());
       }, 1, repeat);
     });
-    rows.push_back({"backward_06", n, d, threads, bwd.seconds, 2.5 * p.forward_flops(), bwd.peak_rss_mib});
+    rows.push_back({"backward_06", n, d, threads, bwd.seconds, bwd.cpu_seconds, 2.5 * p.forward_flops(), bwd.peak_rss_mib});
   }
 
   // 3. Time and peak memory against stage 02, which materialises S and P (2·N² floats).
@@ -163,26 +189,26 @@ int main(int argc, char** argv) {
     const fa::Problem q = square(m, d);
     const Measured inputs = in_child([&] {
       fa::Tensors t = fa::Tensors::make(q, 1, fa::Dist::Normal, false);
-      return 0.0;
+      return std::pair<double, double>{0.0, 0.0};
     });
-    rows.push_back({"inputs_only", m, d, 1, 0.0, 0.0, inputs.peak_rss_mib});
+    rows.push_back({"inputs_only", m, d, 1, 0.0, 0.0, 0.0, inputs.peak_rss_mib});
     if (m != n) {  // at N = n, the speed rows above already measured stage 06's memory
       const Measured fwd06 = in_child([&] {
         fa::Tensors t = fa::Tensors::make(q, 1, fa::Dist::Normal, false);
-        return fa::median_seconds([&] {
+        return timed([&] {
           fa::stage06::forward(q, fa::stage06::Config{}, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
         }, 0, 1);
       });
-      rows.push_back({"forward_06", m, d, 1, fwd06.seconds, q.forward_flops(), fwd06.peak_rss_mib});
+      rows.push_back({"forward_06", m, d, 1, fwd06.seconds, fwd06.cpu_seconds, q.forward_flops(), fwd06.peak_rss_mib});
     }
 #ifdef FA_BENCH_HAS_02
     const Measured fwd02 = in_child([&] {
       fa::Tensors t = fa::Tensors::make(q, 1, fa::Dist::Normal, false);
-      return fa::median_seconds([&] {
+      return timed([&] {
         fa::stage02::forward(q, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
       }, 0, 1);
     });
-    rows.push_back({"forward_02", m, d, 1, fwd02.seconds, q.forward_flops(), fwd02.peak_rss_mib});
+    rows.push_back({"forward_02", m, d, 1, fwd02.seconds, fwd02.cpu_seconds, q.forward_flops(), fwd02.peak_rss_mib});
 #endif
   }
 
@@ -195,17 +221,24 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
 
   std::printf("bench06 on %s, commit %s, %s; median of %d after a warm-up (stage 02 and the\n"
-              "memory rows: one run); FLOPs: forward 4·N²·d, backward 2.5× forward\n\n",
-              device.c_str(), commit.c_str(), date, repeat);
-  std::printf("%-17s %6s %4s %7s %11s %9s %8s %13s\n", "what", "N", "d", "threads", "time ms",
-              "GFLOP/s", "xGEMM", "peak RSS MiB");
+              "memory rows: one run); FLOPs: forward 4·N²·d, backward 2.5× forward\n"
+              "load average before: %s; after: %s\n\n",
+              device.c_str(), commit.c_str(), date, repeat, load_before.c_str(),
+              first_line_of("cat /proc/loadavg").c_str());
+  std::printf("%-17s %6s %4s %7s %10s %9s %7s %10s %9s %7s %9s\n", "what", "N", "d", "threads",
+              "wall ms", "GFLOP/s", "xGEMM", "CPU ms", "GFLOP/s", "xGEMM", "RSS MiB");
+  std::printf("%-17s %6s %4s %7s %28s %28s\n", "", "", "", "", "(wall clock, the CSV)", "(CPU time, all threads)");
   std::ostringstream out;
   out << "what,N,d,threads,gflops,ratio_to_gemm,peak_rss_mib,device,commit,date\n";
+  const double gemm_cpu_rate = gemm_flops / gemm.cpu_seconds;
   for (const Row& r : rows) {
     const double gflops = r.flops > 0 && r.seconds > 0 ? r.flops / r.seconds / 1e9 : 0.0;
     const double ratio = gflops > 0 ? gflops * 1e9 / gemm_rate : 0.0;
-    std::printf("%-17s %6d %4d %7d %11.1f %9.2f %8.3f %13.1f\n", r.what.c_str(), r.N, r.d, r.threads,
-                r.seconds * 1e3, gflops, ratio, r.peak_rss_mib);
+    const double cpu_gflops = r.flops > 0 && r.cpu_seconds > 0 ? r.flops / r.cpu_seconds / 1e9 : 0.0;
+    const double cpu_ratio = cpu_gflops > 0 ? cpu_gflops * 1e9 / gemm_cpu_rate : 0.0;
+    std::printf("%-17s %6d %4d %7d %10.1f %9.2f %7.3f %10.1f %9.2f %7.3f %9.1f\n", r.what.c_str(), r.N,
+                r.d, r.threads, r.seconds * 1e3, gflops, ratio, r.cpu_seconds * 1e3, cpu_gflops,
+                cpu_ratio, r.peak_rss_mib);
     char line[512];
     std::snprintf(line, sizeof line, "%s,%d,%d,%d,%.3f,%.4f,%.1f,%s,%s,%s\n", r.what.c_str(), r.N, r.d,
                   r.threads, gflops, ratio, r.peak_rss_mib, csv_field(device).c_str(), commit.c_str(), date);
@@ -213,18 +246,23 @@ int main(int argc, char** argv) {
   }
 
   // The targets, stated against what was measured.
-  const auto rate = [&](const std::string& what, int N, int threads) {
+  const auto rate = [&](const std::string& what, int N, int threads, bool cpu = false) {
     for (const Row& r : rows)
-      if (r.what == what && r.N == N && r.threads == threads && r.seconds > 0) return r.flops / r.seconds;
+      if (r.what == what && r.N == N && r.threads == threads && r.seconds > 0)
+        return r.flops / (cpu ? r.cpu_seconds : r.seconds);
     return 0.0;
   };
   const double f1 = rate("forward_06", n, 1), f2 = rate("forward_06", n, 2);
   const double b1 = rate("backward_06", n, 1), b2 = rate("backward_06", n, 2);
-  std::printf("\ntargets at N = %d, d = %d:\n", n, d);
-  std::printf("  forward,  1 thread : %.3f x GEMM (target >= 0.5)   %s\n", f1 / gemm_rate, f1 / gemm_rate >= 0.5 ? "met" : "NOT met");
-  std::printf("  backward, 1 thread : %.3f x GEMM (target >= 0.35)  %s\n", b1 / gemm_rate, b1 / gemm_rate >= 0.35 ? "met" : "NOT met");
-  std::printf("  forward,  2 threads: %.2f x 1 thread (target >= 1.7) %s\n", f2 / f1, f2 / f1 >= 1.7 ? "met" : "NOT met");
-  std::printf("  backward, 2 threads: %.2f x 1 thread (target >= 1.7) %s\n", b2 / b1, b2 / b1 >= 1.7 ? "met" : "NOT met");
+  const double f1_cpu = rate("forward_06", n, 1, true), b1_cpu = rate("backward_06", n, 1, true);
+  const auto verdict = [](bool met) { return met ? "met" : "NOT met"; };
+  std::printf("\ntargets at N = %d, d = %d (wall clock; CPU time in brackets):\n", n, d);
+  std::printf("  forward,  1 thread : %.3f x GEMM (%.3f)  target >= 0.5: %s\n", f1 / gemm_rate,
+              f1_cpu / gemm_cpu_rate, verdict(f1 / gemm_rate >= 0.5));
+  std::printf("  backward, 1 thread : %.3f x GEMM (%.3f)  target >= 0.35: %s\n", b1 / gemm_rate,
+              b1_cpu / gemm_cpu_rate, verdict(b1 / gemm_rate >= 0.35));
+  std::printf("  forward,  2 threads: %.2f x 1 thread  target >= 1.7: %s\n", f2 / f1, verdict(f2 / f1 >= 1.7));
+  std::printf("  backward, 2 threads: %.2f x 1 thread  target >= 1.7: %s\n", b2 / b1, verdict(b2 / b1 >= 1.7));
 #ifdef FA_BENCH_HAS_02
   const double s02 = rate("forward_02", n, 1), s06 = rate("forward_06", n, 1);
   if (s02 > 0) std::printf("  stage 06 forward vs stage 02 at N = %d: %.1fx faster\n", n, s06 / s02);
