@@ -317,7 +317,7 @@ class Bench:
                 if not ok:
                     self.fail(f"{impl} fwd {tag}: max abs err O {a_o:.3e} (rel {r_o:.3e}), "
                               f"max abs err L {e_l:.3e}")
-                if self.fa.has_backward(stage) and variant is None:
+                if self.fa.has_backward(stage):
                     for i in range(len(sets)):
                         fwd(i)
                     bwd = lambda i, s=stage: self.fa.backward(
@@ -471,6 +471,44 @@ class Bench:
         self.summary += lines
 
 
+def tune_sweep(bench, stages):
+    """--tune: the stages' variants side by side (tile shapes, dQ modes, ablations), bf16,
+    against sdpa_flash only, to choose defaults and fill the ablation tables."""
+    print("\n== tuning sweep (bf16): variants and ablations against sdpa_flash", flush=True)
+    base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION)]
+    lines = ["tuning sweep, bf16, batch·N = 16384, heads·d = 2048 (TFLOP/s, ratio to sdpa_flash)"]
+
+    def table(r, n, d, causal):
+        for w in ("fwd", "bwd"):
+            flash = r[w].get("sdpa_flash", (0, float("nan")))[1]
+            for impl, (ms, t) in sorted(r[w].items()):
+                lines.append(f"{w} d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
+                             f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
+
+    for d in (64, 128):
+        for n in (1024, 4096, 16384):
+            for causal in (False, True):
+                variants = []
+                if any(s.startswith("08") for s in stages) and d == 128:
+                    variants.append(("tile_d128", 1))
+                r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 16384 // n,
+                                     2048 // d, n, d, causal, base, variants=variants)
+                table(r, n, d, causal)
+                r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 16384 // n,
+                                     2048 // d, n, d, causal, [],
+                                     variants=[("deterministic", 1), ("tile", 1)])
+                table(r, n, d, causal)
+    for d in (64, 128):
+        for causal in (False, True):
+            r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 4, 2048 // d, 4096,
+                                 d, causal, base, variants=[("ablation", k) for k in range(1, 6)])
+            table(r, 4096, d, causal)
+            r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 4, 2048 // d, 4096,
+                                 d, causal, [], variants=[("ablation", k) for k in range(1, 3)])
+            table(r, 4096, d, causal)
+    bench.summary += lines
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
@@ -490,6 +528,8 @@ def main():
                     help="commit recorded in every row (default: $FA_COMMIT or git rev-parse)")
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
+    ap.add_argument("--tune", action="store_true",
+                    help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()
     args.repeats = max(20, args.repeats)
 
@@ -515,6 +555,9 @@ def main():
     bench.open_csv(args.out)
     try:
         bench.gemms()
+        if args.tune:
+            tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
+            chosen = []
         fp32 = [s for s in chosen if s.startswith("07")]
         half = [s for s in chosen if not s.startswith("07")]
         if fp32:
