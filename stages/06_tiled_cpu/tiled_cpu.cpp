@@ -173,11 +173,11 @@ int64_t keys_seen(const Problem& p, int64_t row, int64_t c0, int64_t cols) {
 void recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const Tile& Q_i,
                     const Tile& dO_i, const Column& L_i, const Column& D_i, const Tile& K_j,
                     const Tile& V_j, Tile P, Tile dS) {
-  const int64_t cols = P.cols();
-  const bool diagonal = crosses_diagonal(p, r0, c0, cols);
   //! [recompute dS]
   P.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ  [B_r, B_c]
   // LAB BEGIN: recompute P and dS — hint: P = exp(S − L_i) on the keys each row sees, 0 on the others; dP = dO_i V_jᵀ; dS = P∘(dP − D_i)
+  const int64_t cols = P.cols();
+  const bool diagonal = crosses_diagonal(p, r0, c0, cols);  // only then do rows see fewer keys
   for (int64_t r = 0; r < P.rows(); ++r) {
     const int64_t n = diagonal ? keys_seen(p, r0 + r, c0, cols) : cols;
     P.row(r).head(n) = (P.row(r).head(n).array() - L_i(r)).exp().matrix();  // P_ij = exp(S_ij − L_i)
@@ -282,10 +282,10 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
 
       Tile S(f.S.data(), rows, cols), P(f.P.data(), rows, cols);  // [B_r, B_c]
       S.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ
-      // Only tiles that cross the diagonal are masked; those above it were never visited.
-      const bool diagonal = crosses_diagonal(p, r0, c0, cols);
 
       // LAB BEGIN: online softmax update of one tile — hint: per row m_new = max(m, rowmax S over the keys it sees); P = exp(S − m_new), 0 on masked keys; α = e^{m − m_new}; l = α·l + rowsum P; O_i row *= α; after the rows, O_i += P V_j
+      // Only tiles that cross the diagonal are masked; those above it were never visited.
+      const bool diagonal = crosses_diagonal(p, r0, c0, cols);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = diagonal ? keys_seen(p, r0 + r, c0, cols) : cols;  // row r sees keys [0, n)
         const float m_new = n == 0 ? m_i(r) : std::max(m_i(r), S.row(r).head(n).maxCoeff());
