@@ -108,16 +108,16 @@ StageInfo info() {
   s.add_options = [](CLI::App& app) {
     Settings& st = settings();
     app.add_option("--block-q", st.config.block_q, "B_r, query rows per tile (0: min(ceil(M/4d), d))")
-        ->check(CLI::NonNegativeNumber)
+        ->check(CLI::Range(0, 1 << 30))
         ->capture_default_str();
     app.add_option("--block-k", st.config.block_k, "B_c, key rows per tile (0: ceil(M/4d))")
-        ->check(CLI::NonNegativeNumber)
+        ->check(CLI::Range(0, 1 << 30))
         ->capture_default_str();
     app.add_option("--sram-bytes", st.config.sram_bytes, "fast-memory budget in bytes (M = bytes/4 floats)")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
         ->capture_default_str();
     app.add_option("--threads", st.config.threads, "worker threads (results are the same for any count)")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(1, 1 << 30))
         ->capture_default_str();
     app.add_flag("--count-traffic", st.count_traffic,
                  "count elements read from and written to Q, K, V, O, L, dO, D, dQ, dK, dV");
