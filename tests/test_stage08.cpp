@@ -8,7 +8,7 @@
 //   ldmatrix and the m16n8k16 fragments (emulated here), the reuse of S's accumulators as
 //   the A operand of P·V, and the causal tile ranges against Problem::visible_keys.
 // GPU tests: check_matrix / adversarial / properties / refusals / random shapes for BF16 and
-//   F16; every ablation variant and both d = 128 tiles against the reference; refusals of
+//   F16; every ablation variant and all three d = 128 tiles against the reference; refusals of
 //   misaligned pointers, head dims and dtypes at the device entry (nothing written); empty
 //   sequences; a non-default stream; the launch report; > 2³¹ elements (FA_TEST_LARGE=1).
 //
@@ -414,18 +414,19 @@ TEST_CASE("08: ablations outside bf16 at d = 64, 128 are refused by name") {
     CHECK(msg.find("08_tensor_core_fwd") != std::string::npos);
   }
   CHECK_THROWS_AS(stage().set_option("ablation", 6), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("tile_d128", 2), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("tile_d128", 3), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("tile_d128", -1), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("block_n", 64), std::invalid_argument);
   CHECK(stage().get_counter("ablation") == int64_t(s8::Ablation::NoSwizzle));
 }
 
-TEST_CASE("08: both d = 128 tiles (Q in registers, Q in shared memory) match the reference") {
-  // Tile-size invariance: B_r = 64 / B_c = 64 and B_r = 128 / B_c = 32 put different keys
-  // and rows together, so the online softmax rescales at different points.
+TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow and wide) matches the reference") {
+  // Tile-size invariance: B_r = 64 / B_c = 64, B_r = 128 / B_c = 32 and B_r = 128 / B_c = 64
+  // put different keys and rows together, so the online softmax rescales at different points.
   std::vector<fa::Problem> problems = {make(1, 2, 1, 97, 130, 128, true), make(1, 8, 2, 300, 77, 128, false),
                                        make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 128, false)};
   if (!small()) problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
-  for (auto tile : {s8::TileD128::QInRegisters, s8::TileD128::QInShared}) {
+  for (auto tile : {s8::TileD128::QInRegisters, s8::TileD128::QInShared, s8::TileD128::QInSharedWide}) {
     const Variant v(s8::Ablation::None, tile);
     for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
       for (const auto& p : problems) {
@@ -433,6 +434,15 @@ TEST_CASE("08: both d = 128 tiles (Q in registers, Q in shared memory) match the
         fa::test::expect_pass(stage(), p, t, 41, fa::Dist::Normal, false);
       }
   }
+  // The wide tile is FlashAttention-2's shape: 4 warps of 32 rows, 64 keys, 96 KB of shared memory.
+  const Variant v(s8::Ablation::None, s8::TileD128::QInSharedWide);
+  std::string all;
+  for (const auto& [key, value] : stage().report(make(1, 2, 1, 300, 300, 128, true), fa::Dtype::BF16))
+    all += key + ": " + value + "\n";
+  INFO(all);
+  CHECK(all.find("B_r=128 B_c=64") != std::string::npos);
+  CHECK(all.find("Q in shared memory") != std::string::npos);
+  CHECK(all.find("98304 dynamic") != std::string::npos);  // Q 32 KB + 2 stages × (K, V) 16 KB
 }
 
 TEST_CASE("08: the device entry point refuses bad input and writes nothing") {

@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <stdexcept>
 
 #include "cuda_utils.h"
@@ -20,7 +21,8 @@ bool have_gpu() {
 
 // The settings the C ABI can change by name (fa_set_option / fa_get_counter):
 //   "ablation":  0 none, 1 no_pipeline, 2 no_swizzle, 3 padded, 4 no_causal_split, 5 no_exp2
-//   "tile_d128": 0 q_regs (B_r = 64, Q in registers), 1 q_smem (B_r = 128, Q in shared memory)
+//   "tile_d128": 0 q_regs (B_r = 64, Q in registers), 1 q_smem (B_r = 128, B_c = 32, Q in shared
+//                memory), 2 q_smem_wide (B_r = 128, B_c = 64, Q in shared memory)
 void set_option(const std::string& name, int64_t value) {
   Options o = current_options();
   if (name == "ablation") {
@@ -29,9 +31,9 @@ void set_option(const std::string& name, int64_t value) {
                                   " is not 0..5 (none, no_pipeline, no_swizzle, padded, no_causal_split, no_exp2)");
     o.ablation = Ablation(value);
   } else if (name == "tile_d128") {
-    if (value != 0 && value != 1)
+    if (value < 0 || value >= int64_t(tile_d128_names().size()))
       throw std::invalid_argument("08_tensor_core_fwd: tile_d128 = " + std::to_string(value) +
-                                  " is not 0 (q_regs) or 1 (q_smem)");
+                                  " is not 0 (q_regs), 1 (q_smem) or 2 (q_smem_wide)");
     o.tile_d128 = TileD128(value);
   } else {
     throw std::invalid_argument("08_tensor_core_fwd: no option named '" + name + "' (options: ablation, tile_d128)");
@@ -67,9 +69,13 @@ StageInfo info() {
         ->check(CLI::IsMember(ablation_names()));
     app.add_option_function<std::string>(
            "--tile-d128",
-           [](const std::string& v) { set_option("tile_d128", v == tile_d128_names()[1] ? 1 : 0); },
-           "tile shape at d = 128: q_regs (B_r = 64, Q in registers) or q_smem (B_r = 128, Q re-read from "
-           "shared memory, FlashAttention-2's shape)")
+           [](const std::string& v) {
+             const auto& names = tile_d128_names();
+             set_option("tile_d128", int64_t(std::find(names.begin(), names.end(), v) - names.begin()));
+           },
+           "tile shape at d = 128: q_regs (B_r = 64, B_c = 64, Q in registers), q_smem (B_r = 128, B_c = 32, "
+           "Q re-read from shared memory) or q_smem_wide (B_r = 128, B_c = 64, Q re-read from shared memory, "
+           "FlashAttention-2's sm90 shape)")
         ->check(CLI::IsMember(tile_d128_names()));
   };
   s.report = [](const Problem& p, Dtype t) {

@@ -374,12 +374,15 @@ template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, Fn&& fn) {
   using Base = typename DefaultTile<kHeadDim, false>::type;
   if constexpr (kHeadDim == 128) {
-    if (o.tile_d128 == TileD128::QInShared) {
+    if (o.tile_d128 != TileD128::QInRegisters) {
       if (o.ablation != Ablation::None)
         throw std::invalid_argument(std::string(kStageName) +
                                     ": ablations are built on the default d = 128 tile (q_regs) only; "
                                     "use tile_d128 = q_regs with an ablation");
-      fn(TypeTag<typename DefaultTile<128, true>::type>{});
+      if (o.tile_d128 == TileD128::QInShared)
+        fn(TypeTag<typename DefaultTile<128, true>::type>{});
+      else
+        fn(TypeTag<typename WideTileD128::type>{});
       return;
     }
   }
@@ -484,7 +487,7 @@ Ablation parse_ablation(const std::string& name) {
 }
 
 const std::vector<std::string>& tile_d128_names() {
-  static const std::vector<std::string> names{"q_regs", "q_smem"};
+  static const std::vector<std::string> names{"q_regs", "q_smem", "q_smem_wide"};
   return names;
 }
 

@@ -31,11 +31,13 @@ const std::vector<std::string>& ablation_names();
 /// Parses a name from ablation_names(); std::invalid_argument otherwise.
 Ablation parse_ablation(const std::string& name);
 
-/// Tile shape used at d = 128 (the only head dim with two): B_r = 64, B_c = 64 with Q_i
-/// in registers, or B_r = 128, B_c = 32 with Q_i re-read from shared memory for every K
-/// tile, as FlashAttention-2 does (twice the MMAs per fragment read from shared memory).
-enum class TileD128 { QInRegisters = 0, QInShared = 1 };
-const std::vector<std::string>& tile_d128_names();  ///< "q_regs", "q_smem"
+/// Tile shape used at d = 128 (the only head dim with several): B_r = 64, B_c = 64 with
+/// Q_i in registers; B_r = 128, B_c = 32 with Q_i re-read from shared memory for every K
+/// tile (twice the MMAs per fragment read from shared memory); or B_r = 128, B_c = 64
+/// with Q_i in shared memory, FlashAttention-2's own d = 128 tile on sm90 (the same reuse,
+/// half the per-tile overhead of B_c = 32, the fewest spare registers).
+enum class TileD128 { QInRegisters = 0, QInShared = 1, QInSharedWide = 2 };
+const std::vector<std::string>& tile_d128_names();  ///< "q_regs", "q_smem", "q_smem_wide"
 
 /// Settings that select a kernel variant; the stage's options change the current ones.
 struct Options {

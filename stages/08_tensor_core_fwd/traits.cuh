@@ -76,6 +76,9 @@ struct Traits {
 ///           q_smem: B_r = 128, 4 warps of 32 rows, B_c = 32, Q re-read from shared
 ///                   memory for every K tile as FlashAttention-2 does (O 128 + S 32):
 ///                   each K/V fragment read from shared memory feeds twice the MMAs.
+///           q_smem_wide: B_r = 128, 4 warps of 32 rows, B_c = 64, Q re-read from shared
+///                   memory: FlashAttention-2's own d = 128 forward tile on sm90
+///                   (O 128 + S 64; P reuses S's registers): WideTileD128 below.
 ///  d = 256: B_r = 64, B_c = 32, 16 rows per warp, Q re-read from shared memory.
 template <int kHeadDim, bool kWideRows = false>
 struct DefaultTile;
@@ -102,6 +105,17 @@ struct DefaultTile<128, true> {
 template <bool W>
 struct DefaultTile<256, W> {
   using type = Traits<256, 64, 32, 4, 2, false>;
+};
+
+/// The third d = 128 shape (--tile-d128 q_smem_wide): q_smem's 32 rows per warp with
+/// q_regs' 64 keys per tile. Against q_regs, each K or V fragment read by ldmatrix feeds
+/// two m16 row tiles instead of one; against q_smem, the per-tile work that does not grow
+/// with B_c (two barriers, the row-max shuffles, the rescale of O, re-reading Q_i from
+/// shared memory) is paid once per 64 keys instead of once per 32. It leaves the least
+/// room of all: O 128 + S 64 registers per thread, before addresses and the Q fragments
+/// of the current k16 step. Shared memory: Q_i 32 KB + 2 × (K_j, V_j) 64 KB = 96 KB.
+struct WideTileD128 {
+  using type = Traits<128, 128, 64, 4, 2, false>;
 };
 
 /// `Base` with exactly one optimisation turned off.
