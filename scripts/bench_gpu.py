@@ -401,7 +401,8 @@ class Bench:
                 h = 2048 // d
                 results[(d, causal)] = self.safe_point(stages, "f32", 4, h, 4096, d, causal,
                                                        [("sdpa_math", SDPBackend.MATH)],
-                                                       variants=[("block_k", 32), ("block_k", 64)])
+                                                       variants=[("block_k", 32), ("block_k", 64),
+                                                                 ("pipeline", 1)])
         gemm = self.gemm.get(torch.float32, float("nan"))
         lines = [f"fp32 forward, N = 4096, batch 4, heads 2048/d (TFLOP/s; fp32 GEMM {gemm:.1f})",
                  f"{'impl':34s} {'d':>4s} {'causal':>6s} {'TFLOP/s':>8s} {'ms':>8s} "

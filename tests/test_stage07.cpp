@@ -54,6 +54,12 @@ struct BlockK {
   ~BlockK() { fa::stage07::set_block_k(0); }
 };
 
+// Sets the load schedule (option `pipeline`) for the scope of one test, then the default.
+struct Pipeline {
+  explicit Pipeline(int v) { fa::stage07::set_pipeline(v); }
+  ~Pipeline() { fa::stage07::set_pipeline(0); }
+};
+
 }  // namespace
 
 TEST_CASE("07: the shared shape matrix in fp32") {
@@ -96,6 +102,45 @@ TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
   CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 128, false)).block_k == 32);
 }
 
+TEST_CASE("07: the cp.async pipeline (pipeline = 1) matches the reference, bitwise the default") {
+  // Only the load schedule changes: every product and sum runs in the same order, so O and
+  // L must equal the default kernel's bit for bit; the reference check covers the tails
+  // (zero-filled copies), causal tiles, GQA and N_k = 0 (no tile, Q copied but unused).
+  std::vector<fa::Problem> problems = {
+      make(1, 2, 1, 97, 130, 40, true),   make(1, 8, 2, 300, 77, 64, false),
+      make(1, 2, 2, 77, 300, 128, true),  make(2, 4, 4, 65, 64, 96, false),
+      make(1, 2, 1, 70, 0, 128, false),   make(1, 1, 1, 1, 1, 16, true),
+      make(1, 2, 2, 200, 33, 128, false)};
+  if (!small()) {
+    problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
+    problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
+    problems.push_back(make(2, 4, 2, 513, 700, 128, false));
+  }
+  for (int block_k : {32, 64}) {
+    BlockK scope(block_k);
+    for (const auto& p : problems) {
+      CAPTURE(block_k);
+      CAPTURE(p.describe());
+      fa::Tensors base = fa::Tensors::make(p, 11, fa::Dist::Normal, false);
+      fa::Tensors piped = fa::Tensors::make(p, 11, fa::Dist::Normal, false);
+      stage().forward(p, fa::Dtype::F32, base.Q.data(), base.K.data(), base.V.data(),
+                      base.O.data(), base.L.data());
+      {
+        Pipeline on(1);
+        CHECK(fa::stage07::launch_shape(p).pipelined);
+        stage().forward(p, fa::Dtype::F32, piped.Q.data(), piped.K.data(), piped.V.data(),
+                        piped.O.data(), piped.L.data());
+        fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
+        fa::test::expect_pass(stage(), p, fa::Dtype::F32, 8, fa::Dist::LargeLogits, false);
+      }
+      CHECK(std::memcmp(base.O.data(), piped.O.data(), base.O.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(base.L.data(), piped.L.data(), base.L.size() * sizeof(float)) == 0);
+    }
+  }
+  Pipeline on(1);
+  fa::test::check_adversarial(stage(), fa::Dtype::F32, false);
+}
+
 TEST_CASE("07: two runs are bitwise identical") {
   const fa::Problem p =
       small() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
@@ -133,6 +178,23 @@ TEST_SUITE("cpu") {
       CHECK(fa::stage07::launch_shape(p).block_k == 64);
     }
     CHECK(fa::stage07::block_k_option() == 0);
+    // pipeline = 1 changes when tiles are copied, not their shapes or shared memory.
+    CHECK_FALSE(s.pipelined);
+    CHECK_THROWS_AS(fa::stage07::set_pipeline(2), std::invalid_argument);
+    {
+      Pipeline scope(1);
+      const auto sp = fa::stage07::launch_shape(p);
+      CHECK(sp.pipelined);
+      CHECK(sp.block_q == s.block_q);
+      CHECK(sp.block_k == s.block_k);
+      CHECK(sp.shared_bytes == s.shared_bytes);
+      CHECK(stage().get_counter("pipeline") == 1);
+    }
+    CHECK(fa::stage07::pipeline_option() == 0);
+    stage().set_option("pipeline", 1);
+    CHECK(fa::stage07::pipeline_option() == 1);
+    stage().set_option("pipeline", 0);
+    CHECK_THROWS_AS(stage().set_option("pipeline", 3), std::invalid_argument);
   }
 
   TEST_CASE("07: the device entry point refuses bad input before touching the GPU") {

@@ -47,18 +47,24 @@ StageInfo info() {
            "--block-k", [](const int& v) { set_block_k(v); },
            "keys per shared-memory tile B_c (0: 64 for d <= 64, else 32)")
         ->check(CLI::IsMember({0, 32, 64}));
+    app.add_option_function<int>(
+           "--pipeline", [](const int& v) { set_pipeline(v); },
+           "1: copy the next K, V tiles with cp.async during this tile's math (default 0)")
+        ->check(CLI::IsMember({0, 1}));
   };
   s.set_option = [](const std::string& name, int64_t value) {
-    if (name != "block_k")
-      throw std::invalid_argument("07_smem_cuda: no option '" + name + "' (options: block_k)");
-    set_block_k(int(value));
+    if (name == "block_k") return set_block_k(int(value));
+    if (name == "pipeline") return set_pipeline(int(value));
+    throw std::invalid_argument("07_smem_cuda: no option '" + name +
+                                "' (options: block_k, pipeline)");
   };
   s.get_counter = [](const std::string& name) -> int64_t {
     if (name == "block_k") return block_k_option();
+    if (name == "pipeline") return pipeline_option();
     if (name == "block_q") return launch_shape(Problem{}).block_q;
     if (name == "threads") return launch_shape(Problem{}).threads;
     throw std::invalid_argument("07_smem_cuda: no counter '" + name +
-                                "' (counters: block_k, block_q, threads)");
+                                "' (counters: block_k, pipeline, block_q, threads)");
   };
   s.report = [](const Problem& p, Dtype) { return launch_report(p); };
   return s;

@@ -26,6 +26,8 @@
 // Limits: d ∈ {16, 32, 40, 64, 80, 96, 128}; fp32 on CUDA cores (no tensor cores: stage 08).
 // Run:   ./build/stages/07_smem_cuda/stage07 --seq-q 4096 --seq-k 4096 --head-dim 128 --bench
 //        ./build/stages/07_smem_cuda/stage07 --causal --block-k 64      (a different B_c)
+//        ./build/stages/07_smem_cuda/stage07 --head-dim 128 --bench --pipeline 1
+//                                    (K_j+1, V_j+1 copied with cp.async during tile j's math)
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -35,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "async_tile_copy.cuh"  // the cp.async copy of the same tiles (option `pipeline`)
 #include "cuda_utils.h"
 #include "smem_cuda.h"
 
@@ -66,11 +69,14 @@ constexpr int kPad = 4;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kLog2e = 1.442695040888963407f;
 
-// One compiled configuration: D = head dim padded to a multiple of 32, B_c = keys per tile.
-template <int D_, int B_c_>
+// One compiled configuration: D = head dim padded to a multiple of 32, B_c = keys per tile,
+// and whether K_j and V_j are loaded with cp.async while the previous tile is computed
+// (option `pipeline`, async_tile_copy.cuh) instead of in a load phase of their own.
+template <int D_, int B_c_, bool kPipelined_ = false>
 struct Config {
   static constexpr int D = D_;
   static constexpr int B_c = B_c_;
+  static constexpr bool kPipelined = kPipelined_;
   static constexpr int kSCols = B_c / kColGroups;  // columns of S_ij per thread
   static constexpr int kOCols = D / kColGroups;    // columns of O_i per thread
   static constexpr int kQStride = D + kPad;        // sQ: [B_r][D + 4]
@@ -307,7 +313,15 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
   if (p.causal) n_keys = q_end + diag < 0 ? 0 : (q_end + diag < p.seq_k ? q_end + diag : p.seq_k);
   const int T_c = int((n_keys + C::B_c - 1) / C::B_c);  // key tiles this block visits
 
-  {
+  if constexpr (C::kPipelined) {
+    // Prologue: Q_i and K_0 as one group, V_0 as the next; both land during the loop's
+    // first waits. (T_c = 0: nothing of K or V is read, and the loop does not run.)
+    tile_copy_async<kBlockQ, C::D, C::kQStride>(sQ, Q, q0, p.seq_q, p.d);
+    if (T_c > 0) tile_copy_async<C::B_c, C::D, C::kKStride>(sK, K, 0, p.seq_k, p.d);
+    cp_async_commit();
+    if (T_c > 0) tile_copy_async<C::B_c, C::D, C::kVStride>(sV, V, 0, p.seq_k, p.d);
+    cp_async_commit();
+  } else {
     TileCopy<kBlockQ, C::D, C::kQStride> q_tile;
     q_tile.fetch(Q, q0, p.seq_q, p.d);
     q_tile.store(sQ);  // read after the first __syncthreads() in the loop
@@ -326,7 +340,10 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 
   for (int j = 0; j < T_c; ++j) {
     const int64_t k0 = int64_t(j) * C::B_c;  // first key of K_j
-    {
+    if constexpr (C::kPipelined) {
+      // In flight: the group holding K_j (and on j = 0 also Q_i), then the one holding V_j.
+      cp_async_wait<1>();  // this thread's copies of K_j (and Q_i) have landed; V_j may not
+    } else {
       TileCopy<C::B_c, C::D, C::kKStride> k_tile;
       TileCopy<C::B_c, C::D, C::kVStride> v_tile;
       k_tile.fetch(K, k0, p.seq_k, p.d);
@@ -334,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
       k_tile.store(sK);
       v_tile.store(sV);
     }
-    __syncthreads();  // K_j, V_j (and on j = 0 also Q_i) are complete before any warp reads them
+    __syncthreads();  // K_j, V_j (pipelined: K_j only) and on j = 0 Q_i are complete for all warps
 
     float S[kRowsPerThread][C::kSCols];  // this thread's piece of S_ij, then of P_ij
     scores_tile<C>(sQ, sK, g, c, S);
@@ -362,11 +379,25 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 #pragma unroll
       for (int u = 0; u < C::kSCols; ++u)
         sP[(g + kRowGroups * t) * C::kPStride + c + kColGroups * u] = S[t][u];
-    __syncthreads();  // all of P_ij is written before any warp reads it
+    if constexpr (C::kPipelined) cp_async_wait<0>();  // this thread's copies of V_j landed
+    __syncthreads();  // all of P_ij (pipelined: and of V_j) is written before any warp reads it
 
+    // Pipelined: every warp is past scores_tile, so sK is free: K_{j+1} travels during P·V.
+    if constexpr (C::kPipelined) {
+      if (j + 1 < T_c) tile_copy_async<C::B_c, C::D, C::kKStride>(sK, K, k0 + C::B_c, p.seq_k, p.d);
+      cp_async_commit();
+    }
     accumulate_pv<C>(sP, sV, g, c, O_acc);
     __syncthreads();  // every warp is done with sK, sV, sP before the next tile overwrites them
+
+    // Pipelined: sV is free now; V_{j+1} travels during S_{i,j+1} and its softmax.
+    if constexpr (C::kPipelined) {
+      if (j + 1 < T_c) tile_copy_async<C::B_c, C::D, C::kVStride>(sV, V, k0 + C::B_c, p.seq_k, p.d);
+      cp_async_commit();
+    }
   }
+  // Pipelined, T_c = 0: Q_i was copied but never waited for; no copy may outlive the block.
+  if constexpr (C::kPipelined) cp_async_wait<0>();
 
   //! [epilogue]
   // O_i = O_acc / l and L_i = scale·m + ln l = ln2 · (m·scale·log2(e) + log2 l). The 8
@@ -398,7 +429,8 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 // ---------------------------------------------------------------------------------------
 // Host side: choose the configuration, validate, launch.
 // ---------------------------------------------------------------------------------------
-std::atomic<int> g_block_k{0};  // 0: the default B_c for the head dim
+std::atomic<int> g_block_k{0};   // 0: the default B_c for the head dim
+std::atomic<int> g_pipeline{0};  // 1: K_j, V_j loaded with cp.async during the previous tile
 
 int padded_head_dim(int d) {
   for (int s : supported_head_dims())
@@ -419,18 +451,23 @@ int block_k_for(int D) {
   return forced != 0 ? forced : (D <= 64 ? 64 : 32);
 }
 
-// Calls fn(Config<D, B_c>{}) for the compiled configuration that runs (D, B_c).
-template <typename Fn>
+// Calls fn(Config<D, B_c, pipelined>{}) for the compiled configuration that runs
+// (D, B_c, pipelined).
+template <bool kPipelined, typename Fn>
 void with_config(int D, int B_c, Fn&& fn) {
   const bool wide = B_c == 64;
   switch (D) {
-    case 32: wide ? fn(Config<32, 64>{}) : fn(Config<32, 32>{}); break;
-    case 64: wide ? fn(Config<64, 64>{}) : fn(Config<64, 32>{}); break;
-    case 96: wide ? fn(Config<96, 64>{}) : fn(Config<96, 32>{}); break;
-    case 128: wide ? fn(Config<128, 64>{}) : fn(Config<128, 32>{}); break;
+    case 32: wide ? fn(Config<32, 64, kPipelined>{}) : fn(Config<32, 32, kPipelined>{}); break;
+    case 64: wide ? fn(Config<64, 64, kPipelined>{}) : fn(Config<64, 32, kPipelined>{}); break;
+    case 96: wide ? fn(Config<96, 64, kPipelined>{}) : fn(Config<96, 32, kPipelined>{}); break;
+    case 128: wide ? fn(Config<128, 64, kPipelined>{}) : fn(Config<128, 32, kPipelined>{}); break;
     default:
       throw std::logic_error(std::string(kStage) + ": no kernel for D = " + std::to_string(D));
   }
+}
+template <typename Fn>
+void with_config(int D, int B_c, bool pipelined, Fn&& fn) {
+  pipelined ? with_config<true>(D, B_c, fn) : with_config<false>(D, B_c, fn);
 }
 
 // Kernel attributes a launch needs: more than 48 KiB of dynamic shared memory must be asked
@@ -467,16 +504,27 @@ void set_block_k(int block_k) {
 
 int block_k_option() { return g_block_k.load(); }
 
+void set_pipeline(int pipeline) {
+  if (pipeline != 0 && pipeline != 1)
+    throw std::invalid_argument(std::string(kStage) + ": pipeline = " + std::to_string(pipeline) +
+                                " is not allowed (0: load each tile, then compute it; 1: load "
+                                "the next tile with cp.async while computing this one)");
+  g_pipeline.store(pipeline);
+}
+
+int pipeline_option() { return g_pipeline.load(); }
+
 LaunchShape launch_shape(const Problem& p) {
   p.validate(kStage);
   LaunchShape s;
   s.head_dim_padded = padded_head_dim(p.head_dim);
   s.block_q = kBlockQ;
   s.block_k = block_k_for(s.head_dim_padded);
+  s.pipelined = g_pipeline.load() != 0;
   s.threads = kThreads;
   const long long T_r = (int64_t(p.seq_q) + kBlockQ - 1) / kBlockQ;
   s.blocks = T_r * p.batch * p.heads;
-  with_config(s.head_dim_padded, s.block_k, [&](auto cfg) {
+  with_config(s.head_dim_padded, s.block_k, s.pipelined, [&](auto cfg) {
     s.shared_bytes = decltype(cfg)::kSharedBytes;
   });
   return s;
@@ -515,7 +563,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   params.causal = p.causal ? 1 : 0;
   params.scale_log2 = float(double(p.softmax_scale()) * double(kLog2e));
 
-  with_config(shape.head_dim_padded, shape.block_k, [&](auto cfg) {
+  with_config(shape.head_dim_padded, shape.block_k, shape.pipelined, [&](auto cfg) {
     using C = decltype(cfg);
     set_kernel_attributes<C>();
     flash_forward_kernel<C><<<unsigned(shape.blocks), kThreads, C::kSharedBytes, stream>>>(params);
@@ -531,6 +579,8 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
        << s.head_dim_padded << "; per thread 4 rows: S 4 x " << s.block_k / kColGroups
        << ", O 4 x " << s.head_dim_padded / kColGroups << " in registers";
   rows.emplace_back("tiles", tile.str());
+  rows.emplace_back("loads", s.pipelined ? "cp.async: K_j+1 during P V_j, V_j+1 during S_i,j+1"
+                                         : "K_j, V_j through registers, then the tile's math");
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();  // clear the error of the failed query
@@ -540,7 +590,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
                                     " B shared per block (registers, occupancy: no GPU here)");
     return rows;
   }
-  with_config(s.head_dim_padded, s.block_k, [&](auto cfg) {
+  with_config(s.head_dim_padded, s.block_k, s.pipelined, [&](auto cfg) {
     using C = decltype(cfg);
     set_kernel_attributes<C>();
     for (auto& row : describe_launch(reinterpret_cast<const void*>(flash_forward_kernel<C>),

@@ -36,6 +36,7 @@ struct LaunchShape {
   int head_dim_padded = 0;  ///< D: the head dim the kernel is compiled for
   int block_q = 0;          ///< B_r: query rows per thread block
   int block_k = 0;          ///< B_c: keys per shared-memory tile
+  bool pipelined = false;   ///< K_j, V_j copied with cp.async during the previous tile's math
   int threads = 0;          ///< threads per block
   long long blocks = 0;     ///< T_r · batch · heads thread blocks (a 1-D grid)
   size_t shared_bytes = 0;  ///< dynamic shared memory per block
@@ -49,6 +50,12 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
 /// B_c override for experiments: 0 (default: 64 for d ≤ 64, 32 above), 32 or 64.
 void set_block_k(int block_k);
 int block_k_option();
+
+/// Load schedule for experiments: 0 (default) loads K_j and V_j through registers and then
+/// computes the tile; 1 copies them with cp.async (sm_80+) while the previous tile is being
+/// computed: K_{j+1} during P_ij V_j, V_{j+1} during S_{i,j+1} (async_tile_copy.cuh).
+void set_pipeline(int pipeline);
+int pipeline_option();
 
 StageInfo info();
 

@@ -1,0 +1,70 @@
+// Stage 07, variant `pipeline = 1`: tiles copied with cp.async, so the next K and V tiles
+// travel while this tile is computed.
+//
+// Why: TileCopy (smem_cuda.cu) reads a tile into registers and then writes it to shared
+// memory, so between "fetch" and "store" the block waits the whole global-memory latency
+// (hundreds of cycles for the first bytes, and a 32 KiB K + V tile at d = 128 to follow)
+// with no work of its own. At d = 128 only three blocks fit on an SM (12 warps), too few for
+// the other blocks to hide that wait on every tile. cp.async (sm_80 and later) copies global
+// memory straight into shared memory without passing through registers and without making
+// the thread wait: the thread issues the copies, computes, and waits only when it needs the
+// data. The kernel (flash_forward_kernel with C::kPipelined) uses it to load K_{j+1} while
+// it computes P_ij V_j, and V_{j+1} while it computes S_{i,j+1}: no extra shared memory,
+// since each buffer is refilled as soon as the last warp has finished reading it.
+//
+// TUTORIAL: one cp_async_16(dst, src, n) is the plain copy
+//     for (int e = 0; e < 4; ++e) dst[e] = e < n / 4 ? src[e] : 0.f;
+// done in the background; cp_async_commit() closes a group of such copies and
+// cp_async_wait<N>() returns once at most N of this thread's groups are still in flight.
+#pragma once
+
+#include <cstdint>
+
+namespace fa::stage07 {
+namespace {
+
+// The register copy of smem_cuda.cu: its thread → chunk layout is reused here.
+template <int ROWS, int D, int STRIDE>
+struct TileCopy;
+
+// Copies 16 bytes global → shared in the background; bytes past `src_bytes` (0 or 16) are
+// written as zeros, which is how a tail row or a padded column becomes 0 without a branch
+// around the store. ".cg": the copy is cached in L2 only (a block reads each element once).
+__device__ __forceinline__ void cp_async_16(float* dst, const float* src, int src_bytes) {
+  const unsigned dst_shared = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_shared), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The same tile as TileCopy<ROWS, D, STRIDE> (same thread → chunk assignment, same zeros
+// for rows ≥ n_rows and columns ≥ d), issued as cp.async: rows [row0, row0 + ROWS) of a
+// row-major [n_rows][d] matrix into a shared tile of ROWS × STRIDE floats. The copies land
+// only after cp_async_wait and become visible to the other threads after __syncthreads().
+template <int ROWS, int D, int STRIDE>
+__device__ __forceinline__ void tile_copy_async(float* dst, const float* src, int64_t row0,
+                                                int64_t n_rows, int d) {
+  using Layout = TileCopy<ROWS, D, STRIDE>;  // chunk columns and row step, as the sync copy
+  const int col = 4 * (int(threadIdx.x) % Layout::kChunkCols);
+  const int r = int(threadIdx.x) / Layout::kChunkCols;
+  if (col >= D) return;  // only for D = 96: lanes past the last column
+  const int rows = n_rows - row0 < ROWS ? int(n_rows - row0) : ROWS;  // rows that exist
+#pragma unroll
+  for (int n = 0; n < Layout::kPerThread; ++n) {
+    const int row = r + n * Layout::kRowStep;
+    const bool inside = col < d && row < rows;
+    // A zero-byte copy reads nothing, but its address is still given: point it at `src`.
+    const float* from = inside ? src + (row0 + row) * d + col : src;
+    cp_async_16(dst + row * STRIDE + col, from, inside ? 16 : 0);
+  }
+}
+
+}  // namespace
+}  // namespace fa::stage07
