@@ -256,6 +256,10 @@ TEST_CASE("stage 09: options by name") {
   CHECK(s09::current_options().tile == s09::Tile::Narrow);
   CHECK(stage().get_counter("tile") == 1);
   CHECK_THROWS_AS(stage().set_option("tile", 2), std::invalid_argument);
+  stage().set_option("schedule", 1);
+  CHECK(s09::current_options().schedule == s09::Schedule::OneBarrier);
+  CHECK(stage().get_counter("schedule") == 1);
+  CHECK_THROWS_AS(stage().set_option("schedule", 2), std::invalid_argument);
   CHECK(s09::parse_ablation("no_swizzle") == s09::Ablation::NoSwizzle);
   CHECK_THROWS_AS(s09::parse_ablation("fast"), std::invalid_argument);
 }
@@ -350,6 +354,42 @@ TEST_CASE("stage 09: the narrow tiles are correct (both dtypes, both dQ modes)")
         for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
                                      make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true)})
           fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
+  }
+}
+
+// The one-barrier schedule (dSᵀ double-buffered): the same gradients, both dtypes, both
+// modes; lengths that give 1, 2 and many steps per block, GQA (the steps cross heads).
+TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ modes)") {
+  uint64_t seed = 700;
+  for (bool det : {false, true}) {
+    s09::Options o;
+    o.schedule = s09::Schedule::OneBarrier;
+    o.deterministic = det;
+    OptionsScope scope(o);
+    INFO("one_barrier, deterministic = " << det);
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+      for (int d : {64, 128})
+        for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
+                                     make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true),
+                                     make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false)})
+          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
+  }
+  // Built on the wide tile without ablations only; other combinations are refused by name.
+  for (const bool narrow : {true, false}) {
+    s09::Options o;
+    o.schedule = s09::Schedule::OneBarrier;
+    if (narrow) o.tile = s09::Tile::Narrow;
+    else o.ablation = s09::Ablation::NoPipeline;
+    OptionsScope scope(o);
+    std::string msg;
+    try {
+      fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), fa::Dtype::BF16, 1, fa::Dist::Normal, true);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO("message: '" << msg << "'");
+    CHECK(msg.find("one_barrier") != std::string::npos);
+    CHECK(msg.find(narrow ? "tile narrow" : "ablation no_pipeline") != std::string::npos);
   }
 }
 

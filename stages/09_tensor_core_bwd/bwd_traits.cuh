@@ -29,8 +29,12 @@ inline constexpr int kQueryPad = 128;
 ///             kWarpsMdQ (along the B_r query rows) × kWarps/kWarpsMdQ (along d)
 ///  kStages    Q_i/dO_i buffers: 2 = load step i+1 while computing step i; 1 = no prefetch
 ///  kLayout    shared-memory layout of every tile (stage 08's tile_index.h)
+///  kDsBuffers dSᵀ tiles: 1 = two barriers per step (the dSᵀ hand-over has its own);
+///             2 = one barrier per step (schedule "one_barrier", see the kernel's
+///             "pipeline step"): step i writes dSᵀ buffer i mod 2, so the barrier that
+///             publishes it also publishes Q_{i+1}, dO_{i+1}
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMdQ_, int kStages_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled>
+          SmemLayout kLayout_ = SmemLayout::Swizzled, int kDsBuffers_ = 1>
 struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // B_r
@@ -39,6 +43,7 @@ struct DkDvTraits {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = kStages_;
   static constexpr SmemLayout kLayout = kLayout_;
+  static constexpr int kDsBuffers = kDsBuffers_;
 
   // Sᵀ, dPᵀ, dSᵀ: [keys of the warp, B_r]; dK_j, dV_j: [keys of the warp, d].
   static constexpr int kKeysPerWarp = kBlockN / kWarps;
@@ -51,7 +56,7 @@ struct DkDvTraits {
   static constexpr int kColsDq = kHeadDim / kWarpsNdQ;
 
   // Shared memory, in bytes: K_j, V_j (resident); kStages × (Q_i, dO_i, L2_i, D_i);
-  // the dSᵀ tile [B_c][B_r] that hands dS from the key-owning warps to the dQ product.
+  // kDsBuffers dSᵀ tiles [B_c][B_r] that hand dS from the key-owning warps to the dQ product.
   static constexpr int kKVTileBytes = smem_tile_bytes(kBlockN, kHeadDim, kLayout);
   static constexpr int kQTileBytes = smem_tile_bytes(kBlockM, kHeadDim, kLayout);
   static constexpr int kDsTileBytes = smem_tile_bytes(kBlockN, kBlockM, kLayout);
@@ -61,7 +66,7 @@ struct DkDvTraits {
   static constexpr int kOffQ = kOffV + kKVTileBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQTileBytes;
   static constexpr int kOffdS = kOffdO + kStages * kQTileBytes;
-  static constexpr int kOffL2 = kOffdS + kDsTileBytes;
+  static constexpr int kOffL2 = kOffdS + kDsBuffers * kDsTileBytes;
   static constexpr int kOffD = kOffL2 + kStages * kRowStatBytes;
   static constexpr int kSmemBytes = kOffD + kStages * kRowStatBytes;
 
@@ -71,6 +76,8 @@ struct DkDvTraits {
   static_assert(kWarps % kWarpsMdQ == 0 && kRowsDq % 16 == 0 && kColsDq % 16 == 0,
                 "the dQ warp grid cuts [B_r, d] into whole 16×16 blocks");
   static_assert(kStages == 1 || kStages == 2, "one or two Q_i/dO_i buffers");
+  static_assert(kDsBuffers == 1 || (kDsBuffers == 2 && kStages == 2),
+                "one dSᵀ tile, or two with two Q_i/dO_i buffers (the one-barrier schedule)");
   static_assert(kLayout != SmemLayout::Swizzled || (swizzle_supported(kHeadDim) && swizzle_supported(kBlockM)),
                 "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
@@ -131,15 +138,19 @@ struct DqTraits {
 ///           Q_i and dO_i are read twice as often from L2.
 template <int kHeadDim>
 struct DefaultTiles;
+///  The one-barrier schedule (option --schedule one_barrier) is the wide tile with a
+///  second dSᵀ tile: d = 64: +32 KB (162 KB in all), d = 128: +16 KB (161 KB).
 template <>
 struct DefaultTiles<64> {
   using DkDv = DkDvTraits<64, 128, 128, 8, 4, 2>;
+  using DkDvOneBarrier = DkDvTraits<64, 128, 128, 8, 4, 2, SmemLayout::Swizzled, 2>;
   using DkDvNarrow = DkDvTraits<64, 64, 128, 8, 4, 2>;
   using Dq = DqTraits<64, 64, 64, 4, 2>;
 };
 template <>
 struct DefaultTiles<128> {
   using DkDv = DkDvTraits<128, 64, 128, 8, 2, 2>;
+  using DkDvOneBarrier = DkDvTraits<128, 64, 128, 8, 2, 2, SmemLayout::Swizzled, 2>;
   using DkDvNarrow = DkDvTraits<128, 64, 64, 4, 2, 2>;
   using Dq = DqTraits<128, 64, 64, 4, 2>;
 };

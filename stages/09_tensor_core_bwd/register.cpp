@@ -41,6 +41,7 @@ void check_problem(const Problem& p) {
 //   "deterministic": 0 (dQ by fp32 atomics, the default) or 1 (a separate dQ pass)
 //   "ablation":      0 none, 1 no_pipeline, 2 no_swizzle
 //   "tile":          0 wide (the default tiles), 1 narrow (smaller tiles; see bwd_traits.cuh)
+//   "schedule":      0 two_barriers (the default), 1 one_barrier (wide tile only)
 void set_option(const std::string& name, int64_t value) {
   Options o = current_options();
   if (name == "deterministic") {
@@ -58,9 +59,14 @@ void set_option(const std::string& name, int64_t value) {
       throw std::invalid_argument(std::string(kStageName) + ": tile = " + std::to_string(value) +
                                   " is not 0 (wide) or 1 (narrow)");
     o.tile = Tile(value);
+  } else if (name == "schedule") {
+    if (value != 0 && value != 1)
+      throw std::invalid_argument(std::string(kStageName) + ": schedule = " + std::to_string(value) +
+                                  " is not 0 (two_barriers) or 1 (one_barrier)");
+    o.schedule = Schedule(value);
   } else {
     throw std::invalid_argument(std::string(kStageName) + ": no option named '" + name +
-                                "' (options: deterministic, ablation, tile)");
+                                "' (options: deterministic, ablation, tile, schedule)");
   }
   set_options(o);
 }
@@ -70,8 +76,9 @@ int64_t get_counter(const std::string& name) {
   if (name == "deterministic") return o.deterministic ? 1 : 0;
   if (name == "ablation") return int64_t(o.ablation);
   if (name == "tile") return int64_t(o.tile);
+  if (name == "schedule") return int64_t(o.schedule);
   throw std::invalid_argument(std::string(kStageName) + ": no counter named '" + name +
-                              "' (counters: deterministic, ablation, tile)");
+                              "' (counters: deterministic, ablation, tile, schedule)");
 }
 
 }  // namespace
@@ -121,6 +128,10 @@ StageInfo info() {
            "--tile", [](const std::string& v) { set_option("tile", v == tile_names()[1] ? 1 : 0); },
            "dK/dV tile shape: wide (default) or narrow (d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps)")
         ->check(CLI::IsMember(tile_names()));
+    app.add_option_function<std::string>(
+           "--schedule", [](const std::string& v) { set_option("schedule", v == schedule_names()[1] ? 1 : 0); },
+           "dK/dV loop: two_barriers (default) or one_barrier per query tile (dSᵀ double-buffered; wide tile)")
+        ->check(CLI::IsMember(schedule_names()));
   };
   s.report = [](const Problem& p, Dtype t) { return launch_report(p, t, have_gpu()); };
   s.set_option = set_option;

@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   constexpr int d = Tr::kHeadDim, B_r = Tr::kBlockM, B_c = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kKT = Tr::kKeyTiles;  // m16 tiles of keys per warp
   constexpr SmemLayout kLayout = Tr::kLayout;
+  // The schedule of "pipeline step". Without the atomics there is no dSᵀ hand-over, so
+  // the default schedule has one barrier per step already and is kept.
+  constexpr bool kOneBarrier = Tr::kDsBuffers == 2 && kAtomicDq;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -229,6 +232,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   load_tile_async<B_c, d, kLayout, Tr::kThreads>(sV, V, keys, tid);
   cp_async_commit();
   if (n_steps > 0) load_step(0, 0);
+  if constexpr (kOneBarrier) {
+    // The one-barrier schedule waits for step s + 1 at the end of step s; step 0 is
+    // waited for here, and step 1 starts travelling at once.
+    cp_async_wait<0>();
+    __syncthreads();
+    if (n_steps > 1) load_step(1, 1);
+  }
   //! [load a step]
 
   // This warp's rows of K_j and V_j: the A operands of Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ.
@@ -246,11 +256,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
     const int64_t q0 = int64_t(i) * B_r;
 
     //! [pipeline step]
-    cp_async_wait<0>();  // this thread's copies of step `step` (and of K_j, V_j) landed
-    __syncthreads();     // ... everyone's; and every warp is done with step − 1, so its
-                         // buffer and the dSᵀ tile may be overwritten
-    if constexpr (kStages == 2)
-      if (step + 1 < n_steps) load_step(step + 1, buf ^ 1);  // travels while we compute
+    if constexpr (!kOneBarrier) {
+      cp_async_wait<0>();  // this thread's copies of step `step` (and of K_j, V_j) landed
+      __syncthreads();     // ... everyone's; and every warp is done with step − 1, so its
+                           // buffer and the dSᵀ tile may be overwritten
+      if constexpr (kStages == 2)
+        if (step + 1 < n_steps) load_step(step + 1, buf ^ 1);  // travels while we compute
+    }
     //! [pipeline step]
 
     const uint32_t sQ_i = sQ + buf * Tr::kQTileBytes, sdO_i = sdO + buf * Tr::kQTileBytes;
@@ -321,7 +333,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
       // the warps hand dSᵀ over through shared memory, as Elem (the value the MMA would
       // round it to anyway). Thread (g, t) holds keys g, 8+g and queries 2t, 2t+1 of each
       // m16n8 piece: one 32-bit store per pair.
-      Elem* dS_smem = reinterpret_cast<Elem*>(smem + Tr::kOffdS);
+      const int ds_buf = kOneBarrier ? buf : 0;
+      Elem* dS_smem = reinterpret_cast<Elem*>(smem + Tr::kOffdS + ds_buf * Tr::kDsTileBytes);
 #pragma unroll
       for (int mi = 0; mi < kKT; ++mi)
 #pragma unroll
@@ -332,7 +345,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
             *reinterpret_cast<uint32_t*>(dS_smem + smem_offset(key, nt, B_r, kLayout) + 2 * t) =
                 pack_pair<Elem>(dPt[mi][nt][2 * h], dPt[mi][nt][2 * h + 1]);
           }
-      __syncthreads();  // all of dSᵀ [B_c, B_r] is in shared memory
+      if constexpr (kOneBarrier) {
+        //! [one barrier]
+        // The step's only barrier. Before it: this step's dSᵀ stores and the copies of
+        // step + 1 (issued one step ago) by every thread. After it: every warp is done
+        // with Q_i, dO_i, L2_i, D_i (the dQ product below reads only dSᵀ and K_j), so
+        // step + 2 may be loaded into their buffer; and step + 1 writes the other dSᵀ
+        // tile, whose readers (the dQ product of step − 1) all passed this barrier.
+        cp_async_wait<0>();
+        __syncthreads();
+        if (step + 2 < n_steps) load_step(step + 2, buf);
+        //! [one barrier]
+      } else {
+        __syncthreads();  // all of dSᵀ [B_c, B_r] is in shared memory
+      }
 
       // dQ_i (partial, this key tile) = dS K_j: [B_r, d] = [B_r, B_c]·[B_c, d], the warps
       // laid out as a kWarpsMdQ × kWarpsNdQ grid over [B_r, d]. dS is stored transposed
@@ -341,7 +367,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
       const int wm = warp / Tr::kWarpsNdQ, wn = warp % Tr::kWarpsNdQ;
       float dQ_acc[kMq][kNq][4];
       zero(dQ_acc);
-      gemm_atb<Elem, kMq, kNq, B_c / 16, B_r, d, kLayout>(dQ_acc, sdS, wm * Tr::kRowsDq, sK, wn * Tr::kColsDq, lane);
+      gemm_atb<Elem, kMq, kNq, B_c / 16, B_r, d, kLayout>(dQ_acc, sdS + ds_buf * Tr::kDsTileBytes, wm * Tr::kRowsDq,
+                                                          sK, wn * Tr::kColsDq, lane);
 
       // LAB BEGIN: dQ atomics — hint: thread (g, t) adds its pairs (row g or 8+g, columns 2t, 2t+1) of each m16n8 piece to dQ_accum with atomicAdd, rows < seq_q only
       // Add this block's part to dQ_accum (fp32, zeroed before the kernel). Many blocks
@@ -630,6 +657,15 @@ template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, Fn&& fn) {
   using Tiles = DefaultTiles<kHeadDim>;
   using Dq = TypeTag<typename Tiles::Dq>;
+  if (o.schedule == Schedule::OneBarrier) {
+    if (o.tile != Tile::Wide || o.ablation != Ablation::None)
+      throw std::invalid_argument(std::string(kStageName) +
+                                  ": schedule one_barrier is built on the wide tile without ablation only (asked: " +
+                                  "tile " + tile_names()[size_t(o.tile)] + ", ablation " +
+                                  ablation_names()[size_t(o.ablation)] + ")");
+    fn(TypeTag<typename Tiles::DkDvOneBarrier>{}, Dq{});
+    return;
+  }
   if (o.tile == Tile::Narrow) {
     if (o.ablation != Ablation::None)
       throw std::invalid_argument(std::string(kStageName) +
@@ -758,6 +794,7 @@ void launch_all(const Problem& p, BwdParams& params, bool deterministic, cudaStr
 std::atomic<bool> g_deterministic{false};
 std::atomic<int> g_ablation{0};
 std::atomic<int> g_tile{0};
+std::atomic<int> g_schedule{0};
 
 }  // namespace
 
@@ -788,11 +825,17 @@ const std::vector<std::string>& tile_names() {
   return names;
 }
 
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names{"two_barriers", "one_barrier"};
+  return names;
+}
+
 Options current_options() {
   Options o;
   o.deterministic = g_deterministic.load();
   o.ablation = Ablation(g_ablation.load());
   o.tile = Tile(g_tile.load());
+  o.schedule = Schedule(g_schedule.load());
   return o;
 }
 
@@ -800,6 +843,7 @@ void set_options(const Options& o) {
   g_deterministic = o.deterministic;
   g_ablation = int(o.ablation);
   g_tile = int(o.tile);
+  g_schedule = int(o.schedule);
 }
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
@@ -863,7 +907,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
          << DkDv::kKeysPerWarp << "), B_r=" << DkDv::kBlockM << " query rows per step, " << DkDv::kStages
          << " Q/dO stage(s), "
          << (DkDv::kLayout == SmemLayout::Swizzled ? "swizzled" : DkDv::kLayout == SmemLayout::Padded ? "padded" : "plain")
-         << " smem";
+         << " smem, " << (o.deterministic || DkDv::kDsBuffers == 2 ? "one barrier" : "two barriers") << " per step";
     if (o.deterministic)
       dq << "deterministic: a second kernel, B_r=" << Dq::kBlockM << " rows per block (" << Dq::kWarps
          << " warps), B_c=" << Dq::kBlockN << " keys per step";

@@ -38,6 +38,14 @@ enum class Tile {
 /// "wide", "narrow".
 const std::vector<std::string>& tile_names();
 
+/// How the dK/dV kernel's loop over query tiles synchronises its warps (wide tile only).
+enum class Schedule {
+  TwoBarriers = 0,  ///< the default: a barrier for Q_i/dO_i, another for the dSᵀ hand-over
+  OneBarrier = 1,   ///< dSᵀ double-buffered: one barrier per step publishes both (+16/32 KB smem)
+};
+/// "two_barriers", "one_barrier".
+const std::vector<std::string>& schedule_names();
+
 /// What a backward call runs.
 struct Options {
   /// false: dQ_i += dS K_j by fp32 atomicAdd from the dK/dV kernel into a scratch buffer,
@@ -48,9 +56,11 @@ struct Options {
   bool deterministic = false;
   Ablation ablation = Ablation::None;  ///< built on the wide tile, bf16 only
   Tile tile = Tile::Wide;
+  Schedule schedule = Schedule::TwoBarriers;  ///< OneBarrier: wide tile, no ablation
 };
 /// The options `backward` uses when none are given; the stage's command-line flags
-/// (--deterministic, --ablation, --tile) and set_option("deterministic" | "ablation" | "tile")
+/// (--deterministic, --ablation, --tile, --schedule) and
+/// set_option("deterministic" | "ablation" | "tile" | "schedule")
 /// change them.
 Options current_options();
 void set_options(const Options& o);
