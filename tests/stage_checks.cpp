@@ -1,4 +1,5 @@
 #include "stage_checks.h"
+#include "reference.h"
 
 #include <doctest/doctest.h>
 
@@ -21,7 +22,9 @@ bool small_mode() {
   return e && std::string(e) == "1";
 }
 
-Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
+}  // namespace
+
+Problem make_problem(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
   Problem p;
   p.batch = batch;
   p.heads = heads;
@@ -31,6 +34,12 @@ Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bo
   p.head_dim = d;
   p.causal = causal;
   return p;
+}
+
+namespace {
+
+Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
+  return make_problem(batch, heads, kv_heads, seq_q, seq_k, d, causal);
 }
 
 std::string context(const StageInfo& s, const Problem& p, Dtype t, uint64_t seed, Dist dist) {
@@ -260,6 +269,27 @@ void check_random_shapes(const StageInfo& s, Dtype t, bool with_backward, int co
                      dims[rng() % dims.size()], rng() % 2 == 0);
     INFO("random case " << k << " of seed " << seed);
     expect_pass(s, p, t, rng(), Dist::Normal, with_backward);
+  }
+}
+
+void check_row_stats(RowStatsForward forward) {
+  for (bool causal : {false, true}) {
+    const Problem p = make(2, 4, 2, 97, 80, 40, causal);
+    for (Dist dist : {Dist::Normal, Dist::LargeLogits}) {
+      Tensors t = Tensors::make(p, 31, dist, false);
+      std::vector<float> m(size_t(p.l_elems())), l(size_t(p.l_elems()));
+      forward(p, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(), m.data(), l.data());
+      const Reference ex = reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
+      const Reference base = reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), RefMode::F32);
+      const Shape4 shape{p.batch, p.heads, p.seq_q, 1};
+      const Comparison cm = compare("m", m.data(), ex.m, shape, tolerance(ex.m, base.m, Dtype::F32));
+      const Comparison cl = compare("l", l.data(), ex.l, shape, tolerance(ex.l, base.l, Dtype::F32));
+      INFO(p.describe() << " dist=" << dist_name(dist));
+      INFO(cm.summary());
+      INFO(cl.summary());
+      CHECK(cm.pass);
+      CHECK(cl.pass);
+    }
   }
 }
 

@@ -42,6 +42,17 @@ void check_refusals(const StageInfo& s, Dtype dtype);
 /// Random shapes from a printed seed (FA_TEST_SEED overrides it), so a failure replays.
 void check_random_shapes(const StageInfo& s, Dtype dtype, bool with_backward, int count);
 
+/// A forward that also returns the per-row max m and sum l (stages 03–05).
+using RowStatsForward = void (*)(const Problem&, const float* Q, const float* K, const float* V,
+                                 float* O, float* L, float* row_max, float* row_sum);
+
+/// The per-row m and l of `forward` against the reference's, with the fp32 tolerance,
+/// causal and not, on normal and large-logit inputs.
+void check_row_stats(RowStatsForward forward);
+
+/// A problem from its sizes (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal).
+Problem make_problem(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal);
+
 /// Runs forward (and backward) and asserts the report passes, printing it otherwise.
 CheckReport expect_pass(const StageInfo& s, const Problem& p, Dtype dtype, uint64_t seed,
                         Dist dist, bool with_backward);
