@@ -491,7 +491,7 @@ def tune_sweep(bench, stages):
             for causal in (False, True):
                 variants = []
                 if any(s.startswith("08") for s in stages) and d == 128:
-                    variants.append(("tile_d128", 1))
+                    variants += [("tile_d128", 1), ("tile_d128", 2)]
                 r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, base, variants=variants)
                 table(r, n, d, causal)
@@ -558,7 +558,7 @@ def main():
         bench.gemms()
         if args.tune:
             tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
-            chosen = []
+            chosen = [s for s in chosen if s.startswith("07")]
         fp32 = [s for s in chosen if s.startswith("07")]
         half = [s for s in chosen if not s.startswith("07")]
         if fp32:
