@@ -402,7 +402,7 @@ class Bench:
                 results[(d, causal)] = self.safe_point(stages, "f32", 4, h, 4096, d, causal,
                                                        [("sdpa_math", SDPBackend.MATH)],
                                                        variants=[("block_k", 32), ("block_k", 64),
-                                                                 ("pipeline", 1)])
+                                                                 ("pipeline", 2)])
         gemm = self.gemm.get(torch.float32, float("nan"))
         lines = [f"fp32 forward, N = 4096, batch 4, heads 2048/d (TFLOP/s; fp32 GEMM {gemm:.1f})",
                  f"{'impl':34s} {'d':>4s} {'causal':>6s} {'TFLOP/s':>8s} {'ms':>8s} "
@@ -497,7 +497,7 @@ def tune_sweep(bench, stages):
                 table(r, n, d, causal)
                 r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, [],
-                                     variants=[("deterministic", 1), ("tile", 1)])
+                                     variants=[("deterministic", 1), ("tile", 1), ("schedule", 1)])
                 table(r, n, d, causal)
     for d in (64, 128):
         for causal in (False, True):
@@ -507,6 +507,22 @@ def tune_sweep(bench, stages):
             r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 4, 2048 // d, 4096,
                                  d, causal, [], variants=[("ablation", k) for k in range(1, 3)])
             table(r, 4096, d, causal)
+    bench.summary += lines
+
+
+def schedule_sweep(bench, stages):
+    """--schedule09: stage 09's two dK/dV loop schedules side by side, bf16, with sdpa_flash."""
+    lines = ["stage 09 schedules, bf16, batch·N = 16384, heads·d = 2048 (bwd TFLOP/s, ratio to sdpa_flash)"]
+    for d in (64, 128):
+        for n in (1024, 4096, 16384):
+            for causal in (False, True):
+                r = bench.safe_point(stages, "bf16", 16384 // n, 2048 // d, n, d, causal,
+                                     [("sdpa_flash", SDPBackend.FLASH_ATTENTION)],
+                                     variants=[("schedule", 1)])
+                flash = r["bwd"].get("sdpa_flash", (0, float("nan")))[1]
+                for impl, (ms, t) in sorted(r["bwd"].items()):
+                    lines.append(f"bwd d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
+                                 f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
     bench.summary += lines
 
 
@@ -529,6 +545,8 @@ def main():
                     help="commit recorded in every row (default: $FA_COMMIT or git rev-parse)")
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
+    ap.add_argument("--schedule09", action="store_true",
+                    help="only stage 09's two loop schedules against sdpa_flash")
     ap.add_argument("--tune", action="store_true",
                     help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()
@@ -556,6 +574,9 @@ def main():
     bench.open_csv(args.out)
     try:
         bench.gemms()
+        if args.schedule09:
+            schedule_sweep(bench, [s for s in chosen if s.startswith("09")])
+            chosen = []
         if args.tune:
             tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
             chosen = [s for s in chosen if s.startswith("07")]

@@ -102,7 +102,7 @@ TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
   CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 128, false)).block_k == 32);
 }
 
-TEST_CASE("07: the cp.async pipeline (pipeline = 1) matches the reference, bitwise the default") {
+TEST_CASE("07: the synchronous schedule (pipeline = 2) matches the reference, bitwise the default") {
   // Only the load schedule changes: every product and sum runs in the same order, so O and
   // L must equal the default kernel's bit for bit; the reference check covers the tails
   // (zero-filled copies), causal tiles, GQA and N_k = 0 (no tile, Q copied but unused).
@@ -125,9 +125,10 @@ TEST_CASE("07: the cp.async pipeline (pipeline = 1) matches the reference, bitwi
       fa::Tensors piped = fa::Tensors::make(p, 11, fa::Dist::Normal, false);
       stage().forward(p, fa::Dtype::F32, base.Q.data(), base.K.data(), base.V.data(),
                       base.O.data(), base.L.data());
+      CHECK(fa::stage07::launch_shape(p).pipelined);  // the default is the cp.async pipeline
       {
-        Pipeline on(1);
-        CHECK(fa::stage07::launch_shape(p).pipelined);
+        Pipeline on(2);
+        CHECK_FALSE(fa::stage07::launch_shape(p).pipelined);
         stage().forward(p, fa::Dtype::F32, piped.Q.data(), piped.K.data(), piped.V.data(),
                         piped.O.data(), piped.L.data());
         fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
@@ -137,7 +138,7 @@ TEST_CASE("07: the cp.async pipeline (pipeline = 1) matches the reference, bitwi
       CHECK(std::memcmp(base.L.data(), piped.L.data(), base.L.size() * sizeof(float)) == 0);
     }
   }
-  Pipeline on(1);
+  Pipeline on(2);
   fa::test::check_adversarial(stage(), fa::Dtype::F32, false);
 }
 
@@ -178,23 +179,24 @@ TEST_SUITE("cpu") {
       CHECK(fa::stage07::launch_shape(p).block_k == 64);
     }
     CHECK(fa::stage07::block_k_option() == 0);
-    // pipeline = 1 changes when tiles are copied, not their shapes or shared memory.
-    CHECK_FALSE(s.pipelined);
-    CHECK_THROWS_AS(fa::stage07::set_pipeline(2), std::invalid_argument);
+    // The schedule changes when tiles are copied, not their shapes or shared memory.
+    CHECK(s.pipelined);  // default (0) = cp.async pipeline (1)
+    CHECK_THROWS_AS(fa::stage07::set_pipeline(3), std::invalid_argument);
     {
-      Pipeline scope(1);
+      Pipeline scope(2);
       const auto sp = fa::stage07::launch_shape(p);
-      CHECK(sp.pipelined);
+      CHECK_FALSE(sp.pipelined);
       CHECK(sp.block_q == s.block_q);
       CHECK(sp.block_k == s.block_k);
       CHECK(sp.shared_bytes == s.shared_bytes);
-      CHECK(stage().get_counter("pipeline") == 1);
+      CHECK(stage().get_counter("pipeline") == 2);
     }
     CHECK(fa::stage07::pipeline_option() == 0);
     stage().set_option("pipeline", 1);
     CHECK(fa::stage07::pipeline_option() == 1);
     stage().set_option("pipeline", 0);
     CHECK_THROWS_AS(stage().set_option("pipeline", 3), std::invalid_argument);
+    CHECK_THROWS_AS(stage().set_option("pipeline", -1), std::invalid_argument);
   }
 
   TEST_CASE("07: the device entry point refuses bad input before touching the GPU") {

@@ -49,8 +49,9 @@ StageInfo info() {
         ->check(CLI::IsMember({0, 32, 64}));
     app.add_option_function<int>(
            "--pipeline", [](const int& v) { set_pipeline(v); },
-           "1: copy the next K, V tiles with cp.async during this tile's math (default 0)")
-        ->check(CLI::IsMember({0, 1}));
+           "0 or 1: copy the next K, V tiles with cp.async during this tile's math (the default); "
+           "2: load each tile, then compute it")
+        ->check(CLI::IsMember({0, 1, 2}));
   };
   s.set_option = [](const std::string& name, int64_t value) {
     if (name == "block_k") return set_block_k(int(value));

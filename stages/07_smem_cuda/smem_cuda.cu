@@ -430,7 +430,9 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 // Host side: choose the configuration, validate, launch.
 // ---------------------------------------------------------------------------------------
 std::atomic<int> g_block_k{0};   // 0: the default B_c for the head dim
-std::atomic<int> g_pipeline{0};  // 1: K_j, V_j loaded with cp.async during the previous tile
+// 0 (default) and 1: K_j, V_j loaded with cp.async during the previous tile (measured
+// faster on the H200: README.md); 2: each tile loaded, then computed (the simpler schedule).
+std::atomic<int> g_pipeline{0};
 
 int padded_head_dim(int d) {
   for (int s : supported_head_dims())
@@ -505,10 +507,11 @@ void set_block_k(int block_k) {
 int block_k_option() { return g_block_k.load(); }
 
 void set_pipeline(int pipeline) {
-  if (pipeline != 0 && pipeline != 1)
+  if (pipeline < 0 || pipeline > 2)
     throw std::invalid_argument(std::string(kStage) + ": pipeline = " + std::to_string(pipeline) +
-                                " is not allowed (0: load each tile, then compute it; 1: load "
-                                "the next tile with cp.async while computing this one)");
+                                " is not allowed (0: the default, which is 1; 1: load the next "
+                                "tile with cp.async while computing this one; 2: load each tile, "
+                                "then compute it)");
   g_pipeline.store(pipeline);
 }
 
@@ -520,7 +523,7 @@ LaunchShape launch_shape(const Problem& p) {
   s.head_dim_padded = padded_head_dim(p.head_dim);
   s.block_q = kBlockQ;
   s.block_k = block_k_for(s.head_dim_padded);
-  s.pipelined = g_pipeline.load() != 0;
+  s.pipelined = g_pipeline.load() != 2;
   s.threads = kThreads;
   const long long T_r = (int64_t(p.seq_q) + kBlockQ - 1) / kBlockQ;
   s.blocks = T_r * p.batch * p.heads;
