@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 
@@ -47,6 +48,17 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     bytes_ = o.bytes_;
   }
   return *this;
+}
+
+void require_device_pointer(const std::string& stage, const char* name, const void* ptr,
+                            size_t alignment, const std::string& why) {
+  if (ptr == nullptr) throw std::invalid_argument(stage + ": pointer " + name + " is NULL");
+  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0) {
+    std::ostringstream s;
+    s << stage << ": pointer " << name << " = " << ptr << " is not " << alignment
+      << "-byte aligned (" << why << ")";
+    throw std::invalid_argument(s.str());
+  }
 }
 
 void require_gpu(const std::string& who) {

@@ -74,6 +74,11 @@ BenchFn bench_backward_on_device(ForwardDeviceFn fwd, BackwardDeviceFn bwd);
 std::vector<std::pair<std::string, std::string>> describe_launch(const void* kernel, dim3 grid,
                                                                  dim3 block, size_t dynamic_smem);
 
+/// Refuses a NULL or misaligned device pointer with std::invalid_argument:
+/// "<stage>: pointer <name> = 0x… is not <alignment>-byte aligned (<why>)".
+void require_device_pointer(const std::string& stage, const char* name, const void* ptr,
+                            size_t alignment, const std::string& why);
+
 /// Throws std::runtime_error("<who>: no CUDA device ...") when no GPU is usable.
 void require_gpu(const std::string& who);
 

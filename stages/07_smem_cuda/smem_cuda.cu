@@ -487,12 +487,7 @@ void set_kernel_attributes() {
 }
 
 void require_aligned(const void* ptr, const char* name) {
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
-    std::ostringstream msg;
-    msg << kStage << ": " << name << " = " << ptr
-        << " is not 16-byte aligned (the kernel reads and writes rows as float4)";
-    throw std::invalid_argument(msg.str());
-  }
+  require_device_pointer(kStage, name, ptr, 16, "the kernel reads and writes rows as float4");
 }
 
 }  // namespace

@@ -429,12 +429,6 @@ void with_dtype(Dtype t, Fn&& fn) {
     fn(__half{});
 }
 
-std::string pointer_text(const void* ptr) {
-  std::ostringstream s;
-  s << ptr;
-  return s.str();
-}
-
 /// Every refusal happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   p.validate(kStageName);
@@ -453,14 +447,9 @@ void check_request(const Problem& p, Dtype dtype) {
 }
 
 void check_pointer(const char* name, const void* ptr, size_t alignment) {
-  if (ptr == nullptr)
-    throw std::invalid_argument(std::string(kStageName) + ": pointer " + name + " is NULL");
-  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0)
-    throw std::invalid_argument(std::string(kStageName) + ": pointer " + name + " = " + pointer_text(ptr) +
-                                " is not " + std::to_string(alignment) + "-byte aligned (" +
-                                (alignment == 16 ? "tiles move in 16-byte cp.async copies and vector stores"
-                                                 : "L is fp32") +
-                                ")");
+  require_device_pointer(kStageName, name, ptr, alignment,
+                         alignment == 16 ? "tiles move in 16-byte cp.async copies and vector stores"
+                                         : "L is fp32");
 }
 
 std::atomic<int> g_ablation{0};

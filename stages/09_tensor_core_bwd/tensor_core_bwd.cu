@@ -711,12 +711,6 @@ int64_t dq_blocks(const Problem& p, int block_m) {
   return int64_t(p.batch) * p.heads * ((int64_t(p.seq_q) + block_m - 1) / block_m);
 }
 
-std::string pointer_text(const void* ptr) {
-  std::ostringstream s;
-  s << ptr;
-  return s.str();
-}
-
 /// Every refusal of a problem happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   p.validate(kStageName);
@@ -735,11 +729,8 @@ void check_request(const Problem& p, Dtype dtype) {
 }
 
 void check_pointer(const char* name, const void* ptr, size_t alignment) {
-  if (ptr == nullptr) throw std::invalid_argument(std::string(kStageName) + ": pointer " + name + " is NULL");
-  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0)
-    throw std::invalid_argument(std::string(kStageName) + ": pointer " + name + " = " + pointer_text(ptr) + " is not " +
-                                std::to_string(alignment) + "-byte aligned (" +
-                                (alignment == 16 ? "tiles move in 16-byte copies" : "L is fp32") + ")");
+  require_device_pointer(kStageName, name, ptr, alignment,
+                         alignment == 16 ? "tiles move in 16-byte copies" : "L is fp32");
 }
 
 /// Raises a kernel's dynamic shared-memory limit (needed above 48 KB); cheap, so it is
