@@ -1,5 +1,8 @@
 #include "stage_checks.h"
 #include "reference.h"
+#ifdef FA_HAVE_CUDA
+#include "cuda_utils.h"
+#endif
 
 #include <doctest/doctest.h>
 
@@ -17,12 +20,42 @@ namespace fa::test {
 
 namespace {
 
-bool small_mode() {
-  const char* e = std::getenv("FA_TEST_SMALL");
-  return e && std::string(e) == "1";
-}
 
 }  // namespace
+
+bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::string(e) != "" && std::string(e) != "0";
+}
+
+bool small_mode() { return env_flag("FA_TEST_SMALL"); }
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+#ifdef FA_HAVE_CUDA
+void check_row_window(const Problem& p, Dtype dtype, int64_t r0, int n, const std::vector<float>& K,
+                      const std::vector<float>& V, const void* Q_dev, const void* O_dev,
+                      const float* L_dev) {
+  Problem sub = p;
+  sub.seq_q = n;
+  if (p.causal) {
+    const int64_t keys = n + r0 + int64_t(p.seq_k) - p.seq_q;
+    sub.seq_k = int(keys < 0 ? 0 : (keys > p.seq_k ? p.seq_k : keys));
+  }
+  Tensors t = Tensors::make(sub, 1, Dist::Normal, false);
+  const int64_t d = p.head_dim, row_bytes = d * int64_t(dtype_size(dtype));
+  download(dtype, static_cast<const char*>(Q_dev) + r0 * row_bytes, t.Q.data(), n * d, nullptr);
+  download(dtype, static_cast<const char*>(O_dev) + r0 * row_bytes, t.O.data(), n * d, nullptr);
+  download(Dtype::F32, L_dev + r0, t.L.data(), n, nullptr);
+  std::copy(K.begin(), K.begin() + int64_t(sub.seq_k) * d, t.K.begin());
+  std::copy(V.begin(), V.begin() + int64_t(sub.seq_k) * d, t.V.begin());
+  const CheckReport r = compare_forward(sub, dtype, t);
+  INFO("rows " << r0 << " .. " << r0 + n << " of " << p.describe() << "\n" << r.summary());
+  CHECK(r.pass());
+}
+#endif
 
 Problem make_problem(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
   Problem p;
@@ -207,14 +240,11 @@ void check_properties(const StageInfo& s, Dtype t, bool with_backward) {
     run_check(s, p, t, x, with_backward);
     Tensors y = x;
     run_check(s, p, t, y, with_backward);
-    auto bitwise = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-    };
-    CHECK_MESSAGE(bitwise(x.O, y.O), s.name << ": O differs between two identical runs");
-    CHECK_MESSAGE(bitwise(x.L, y.L), s.name << ": L differs between two identical runs");
+    CHECK_MESSAGE(bitwise_equal(x.O, y.O), s.name << ": O differs between two identical runs");
+    CHECK_MESSAGE(bitwise_equal(x.L, y.L), s.name << ": L differs between two identical runs");
     if (with_backward) {
-      CHECK_MESSAGE(bitwise(x.dK, y.dK), s.name << ": dK differs between two identical runs");
-      CHECK_MESSAGE(bitwise(x.dV, y.dV), s.name << ": dV differs between two identical runs");
+      CHECK_MESSAGE(bitwise_equal(x.dK, y.dK), s.name << ": dK differs between two identical runs");
+      CHECK_MESSAGE(bitwise_equal(x.dV, y.dV), s.name << ": dV differs between two identical runs");
     }
   }
 }

@@ -53,6 +53,25 @@ void check_row_stats(RowStatsForward forward);
 /// A problem from its sizes (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal).
 Problem make_problem(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal);
 
+/// True when the environment variable `name` is set to anything but "" or "0"
+/// (e.g. FA_TEST_SMALL=1, FA_TEST_LARGE=1).
+bool env_flag(const char* name);
+/// FA_TEST_SMALL=1: the matrix shrinks for compute-sanitizer runs.
+bool small_mode();
+/// Same size and the same bits (NaN included).
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
+
+#ifdef FA_HAVE_CUDA
+/// Checks rows [r0, r0 + n) of a forward already computed on the device (Q, O in `dtype`,
+/// L fp32, one head: batch = heads = 1) against the reference, on a sub-problem with the
+/// same keys: under the bottom-right mask those rows see what the n rows of a problem with
+/// n + r0 + N_k − N_q keys see. `K`, `V` are the host copies of the (small) key tensors.
+/// Lets a problem of more than 2^31 elements be checked without a CPU reference of it all.
+void check_row_window(const Problem& p, Dtype dtype, int64_t r0, int n, const std::vector<float>& K,
+                      const std::vector<float>& V, const void* Q_dev, const void* O_dev,
+                      const float* L_dev);
+#endif
+
 /// Runs forward (and backward) and asserts the report passes, printing it otherwise.
 CheckReport expect_pass(const StageInfo& s, const Problem& p, Dtype dtype, uint64_t seed,
                         Dist dist, bool with_backward);

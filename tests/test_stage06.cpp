@@ -20,23 +20,16 @@
 
 namespace {
 
+using fa::test::bitwise_equal;
+
+constexpr auto make = &fa::test::make_problem;
+
 using fa::Problem;
 using fa::stage06::Config;
 using fa::stage06::Traffic;
 
 const fa::StageInfo& stage() { return fa::find_stage("06"); }
 
-Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
-  Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.seq_q = seq_q;
-  p.seq_k = seq_k;
-  p.head_dim = d;
-  p.causal = causal;
-  return p;
-}
 
 // Sets the stage-wide options through the C ABI's path (StageInfo::set_option) and puts the
 // defaults back when the test ends, so tests do not leak settings into each other.
@@ -54,9 +47,6 @@ struct StageOptions {
   }
 };
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 struct Outputs {
   std::vector<float> O, L, dQ, dK, dV;

@@ -28,25 +28,11 @@
 
 namespace {
 
+constexpr auto make = &fa::test::make_problem;
+
 const fa::StageInfo& stage() { return fa::find_stage("07"); }
 
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
-}
-bool small() { return env_on("FA_TEST_SMALL"); }
 
-fa::Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
-  fa::Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.seq_q = seq_q;
-  p.seq_k = seq_k;
-  p.head_dim = d;
-  p.causal = causal;
-  return p;
-}
 
 // Sets B_c for the scope of one test and restores the default afterwards.
 struct BlockK {
@@ -75,7 +61,7 @@ TEST_CASE("07: properties (key permutation, bitwise determinism)") {
 }
 
 TEST_CASE("07: random shapes") {
-  fa::test::check_random_shapes(stage(), fa::Dtype::F32, false, small() ? 4 : 24);
+  fa::test::check_random_shapes(stage(), fa::Dtype::F32, false, fa::test::small_mode() ? 4 : 24);
 }
 
 TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
@@ -84,7 +70,7 @@ TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
   std::vector<fa::Problem> problems = {
       make(1, 2, 1, 97, 130, 40, true), make(1, 8, 2, 300, 77, 64, false),
       make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 96, false)};
-  if (!small()) {
+  if (!fa::test::small_mode()) {
     problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
     problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
     problems.push_back(make(1, 2, 1, 513, 513, 16, true));
@@ -111,7 +97,7 @@ TEST_CASE("07: the synchronous schedule (pipeline = 2) matches the reference, bi
       make(1, 2, 2, 77, 300, 128, true),  make(2, 4, 4, 65, 64, 96, false),
       make(1, 2, 1, 70, 0, 128, false),   make(1, 1, 1, 1, 1, 16, true),
       make(1, 2, 2, 200, 33, 128, false)};
-  if (!small()) {
+  if (!fa::test::small_mode()) {
     problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
     problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
     problems.push_back(make(2, 4, 2, 513, 700, 128, false));
@@ -144,7 +130,7 @@ TEST_CASE("07: the synchronous schedule (pipeline = 2) matches the reference, bi
 
 TEST_CASE("07: two runs are bitwise identical") {
   const fa::Problem p =
-      small() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
+      fa::test::small_mode() ? make(1, 2, 1, 130, 200, 64, true) : make(2, 4, 2, 513, 700, 128, true);
   fa::Tensors a = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
   fa::Tensors b = fa::Tensors::make(p, 3, fa::Dist::Normal, false);
   stage().forward(p, fa::Dtype::F32, a.Q.data(), a.K.data(), a.V.data(), a.O.data(), a.L.data());
@@ -285,36 +271,8 @@ TEST_CASE("07: device pointers on a non-default stream give the host path's resu
   CHECK(std::memcmp(l.data(), t.L.data(), l.size() * 4) == 0);
 }
 
-namespace {
-
-// Checks rows [r0, r0 + n) of a forward already computed on the device against the
-// reference, using a sub-problem with the same keys: under the bottom-right causal mask,
-// n query rows ending r0 + n ≤ N_q rows in see the first n + r0 + N_k − N_q keys.
-void check_window(const fa::Problem& p, int64_t r0, int n, const std::vector<float>& K,
-                  const std::vector<float>& V, const float* Q_dev, const float* O_dev,
-                  const float* L_dev) {
-  fa::Problem sub = p;
-  sub.seq_q = n;
-  if (p.causal) {
-    const int64_t keys = n + r0 + int64_t(p.seq_k) - p.seq_q;
-    sub.seq_k = int(keys < 0 ? 0 : (keys > p.seq_k ? p.seq_k : keys));
-  }
-  fa::Tensors t = fa::Tensors::make(sub, 1, fa::Dist::Normal, false);
-  const int64_t d = p.head_dim;
-  FA_CUDA_CHECK(cudaMemcpy(t.Q.data(), Q_dev + r0 * d, size_t(n * d) * 4, cudaMemcpyDeviceToHost));
-  FA_CUDA_CHECK(cudaMemcpy(t.O.data(), O_dev + r0 * d, size_t(n * d) * 4, cudaMemcpyDeviceToHost));
-  FA_CUDA_CHECK(cudaMemcpy(t.L.data(), L_dev + r0, size_t(n) * 4, cudaMemcpyDeviceToHost));
-  std::copy(K.begin(), K.begin() + int64_t(sub.seq_k) * d, t.K.begin());
-  std::copy(V.begin(), V.begin() + int64_t(sub.seq_k) * d, t.V.begin());
-  const fa::CheckReport r = fa::compare_forward(sub, fa::Dtype::F32, t);
-  INFO("rows ", r0, " .. ", r0 + n, " of ", p.describe(), "\n", r.summary());
-  CHECK(r.pass());
-}
-
-}  // namespace
-
 TEST_CASE("07: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
-  if (!env_on("FA_TEST_LARGE")) {
+  if (!fa::test::env_flag("FA_TEST_LARGE")) {
     MESSAGE("skipped: set FA_TEST_LARGE=1 to run (needs about 17 GB of GPU memory)");
     return;
   }
@@ -341,9 +299,9 @@ TEST_CASE("07: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
                          L.as<float>(), nullptr);
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     CAPTURE(causal);
-    check_window(p, 0, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
-    check_window(p, (1 << 24) - 32, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
-    check_window(p, p.seq_q - 64, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::F32, 0, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::F32, (1 << 24) - 32, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::F32, p.seq_q - 64, 64, kv.K, kv.V, Q.as<float>(), O.as<float>(), L.as<float>());
   }
 }
 

@@ -35,20 +35,11 @@
 
 namespace {
 
+constexpr auto make = &fa::test::make_problem;
+
 namespace s8 = fa::stage08;
 using s8::SmemLayout;
 
-fa::Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
-  fa::Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.seq_q = seq_q;
-  p.seq_k = seq_k;
-  p.head_dim = d;
-  p.causal = causal;
-  return p;
-}
 
 const char* layout_name(SmemLayout l) {
   return l == SmemLayout::Swizzled ? "swizzled" : l == SmemLayout::Padded ? "padded" : "plain";
@@ -331,11 +322,6 @@ namespace {
 
 const fa::StageInfo& stage() { return fa::find_stage("08"); }
 
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
-}
-bool small() { return env_on("FA_TEST_SMALL"); }
 
 // Selects a kernel variant for the scope of one test, through the C ABI's path
 // (StageInfo::set_option), and puts the default back afterwards.
@@ -373,8 +359,8 @@ TEST_CASE("08: refusals, bf16 and f16") {
 }
 
 TEST_CASE("08: random shapes, bf16 and f16") {
-  fa::test::check_random_shapes(stage(), fa::Dtype::BF16, false, small() ? 4 : 24);
-  fa::test::check_random_shapes(stage(), fa::Dtype::F16, false, small() ? 4 : 24);
+  fa::test::check_random_shapes(stage(), fa::Dtype::BF16, false, fa::test::small_mode() ? 4 : 24);
+  fa::test::check_random_shapes(stage(), fa::Dtype::F16, false, fa::test::small_mode() ? 4 : 24);
 }
 
 TEST_CASE("08: every ablation variant still computes attention (bf16, d = 64 and 128)") {
@@ -384,7 +370,7 @@ TEST_CASE("08: every ablation variant still computes attention (bf16, d = 64 and
     problems.push_back(make(1, 4, 2, 200, 200, d, true));   // square causal: on- and off-band tiles
     problems.push_back(make(1, 2, 1, 97, 300, d, true));    // bottom-right offset, ragged tails
     problems.push_back(make(2, 2, 2, 130, 77, d, false));   // ragged key tail, rows past seq_q
-    if (!small()) problems.push_back(make(1, 2, 1, 1025, 1025, d, true));
+    if (!fa::test::small_mode()) problems.push_back(make(1, 2, 1, 1025, 1025, d, true));
   }
   for (size_t a = 0; a < s8::ablation_names().size(); ++a) {
     const Variant v(s8::Ablation(a), s8::TileD128::QInRegisters);
@@ -425,7 +411,7 @@ TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow an
   // put different keys and rows together, so the online softmax rescales at different points.
   std::vector<fa::Problem> problems = {make(1, 2, 1, 97, 130, 128, true), make(1, 8, 2, 300, 77, 128, false),
                                        make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 128, false)};
-  if (!small()) problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
+  if (!fa::test::small_mode()) problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
   for (auto tile : {s8::TileD128::QInRegisters, s8::TileD128::QInShared, s8::TileD128::QInSharedWide}) {
     const Variant v(s8::Ablation::None, tile);
     for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
@@ -543,36 +529,8 @@ TEST_CASE("08: launch report") {
   CHECK(all.find("49152 dynamic") != std::string::npos);  // Q 16 KB + 2 stages × (K, V) 8 KB
 }
 
-namespace {
-
-// Checks rows [r0, r0 + n) of a forward already computed on the device against the
-// reference, on a sub-problem with the same keys (as stage 07's test does): under the
-// bottom-right mask, rows r0..r0+n−1 of the full problem see what the n rows of a
-// problem with n + r0 + N_k − N_q keys see.
-void check_window(const fa::Problem& p, fa::Dtype dtype, int64_t r0, int n, const std::vector<float>& K,
-                  const std::vector<float>& V, const void* Q_dev, const void* O_dev, const float* L_dev) {
-  fa::Problem sub = p;
-  sub.seq_q = n;
-  if (p.causal) {
-    const int64_t keys = n + r0 + int64_t(p.seq_k) - p.seq_q;
-    sub.seq_k = int(keys < 0 ? 0 : (keys > p.seq_k ? p.seq_k : keys));
-  }
-  fa::Tensors t = fa::Tensors::make(sub, 1, fa::Dist::Normal, false);
-  const int64_t d = p.head_dim;
-  fa::download(dtype, static_cast<const char*>(Q_dev) + r0 * d * 2, t.Q.data(), n * d, nullptr);
-  fa::download(dtype, static_cast<const char*>(O_dev) + r0 * d * 2, t.O.data(), n * d, nullptr);
-  FA_CUDA_CHECK(cudaMemcpy(t.L.data(), L_dev + r0, size_t(n) * 4, cudaMemcpyDeviceToHost));
-  std::copy(K.begin(), K.begin() + int64_t(sub.seq_k) * d, t.K.begin());
-  std::copy(V.begin(), V.begin() + int64_t(sub.seq_k) * d, t.V.begin());
-  const fa::CheckReport r = fa::compare_forward(sub, dtype, t);
-  INFO("rows ", r0, " .. ", r0 + n, " of ", p.describe(), "\n", r.summary());
-  CHECK(r.pass());
-}
-
-}  // namespace
-
 TEST_CASE("08: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
-  if (!env_on("FA_TEST_LARGE")) {
+  if (!fa::test::env_flag("FA_TEST_LARGE")) {
     MESSAGE("skipped: set FA_TEST_LARGE=1 to run (needs about 9 GB of GPU memory)");
     return;
   }
@@ -601,9 +559,9 @@ TEST_CASE("08: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
     s8::forward(p, fa::Dtype::BF16, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr);
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     CAPTURE(causal);
-    check_window(p, fa::Dtype::BF16, 0, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
-    check_window(p, fa::Dtype::BF16, (1 << 24) - 32, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
-    check_window(p, fa::Dtype::BF16, p.seq_q - 64, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::BF16, 0, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::BF16, (1 << 24) - 32, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
+    fa::test::check_row_window(p, fa::Dtype::BF16, p.seq_q - 64, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
   }
 }
 

@@ -25,6 +25,10 @@
 
 namespace {
 
+using fa::test::bitwise_equal;
+
+constexpr auto make = &fa::test::make_problem;
+
 namespace s09 = fa::stage09;
 
 const fa::StageInfo& stage() { return fa::find_stage("09"); }
@@ -42,26 +46,8 @@ s09::Options deterministic() {
   return o;
 }
 
-bool small_mode() {
-  const char* e = std::getenv("FA_TEST_SMALL");
-  return e && std::string(e) == "1";
-}
 
-fa::Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
-  fa::Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.seq_q = seq_q;
-  p.seq_k = seq_k;
-  p.head_dim = d;
-  p.causal = causal;
-  return p;
-}
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 
@@ -118,7 +104,7 @@ TEST_CASE("stage 09: deterministic mode is bitwise reproducible") {
   OptionsScope scope(deterministic());
   for (int d : {64, 128})
     for (bool causal : {false, true}) {
-      const fa::Problem p = make(2, 8, 2, 333, small_mode() ? 300 : 1000, d, causal);
+      const fa::Problem p = make(2, 8, 2, 333, fa::test::small_mode() ? 300 : 1000, d, causal);
       for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
         INFO(fa::dtype_name(t) << " " << p.describe());
         fa::Tensors x = fa::Tensors::make(p, 42, fa::Dist::Normal, true);
@@ -399,7 +385,7 @@ TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ m
 // ---------------------------------------------------------------------------------------
 
 TEST_CASE("stage 09: a problem of more than 2^31 elements (64-bit offsets)") {
-  if (small_mode()) {
+  if (fa::test::small_mode()) {
     MESSAGE("skipped with FA_TEST_SMALL=1");
     return;
   }
