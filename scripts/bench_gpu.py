@@ -491,7 +491,7 @@ def tune_sweep(bench, stages):
             for causal in (False, True):
                 variants = []
                 if any(s.startswith("08") for s in stages) and d == 128:
-                    variants += [("tile_d128", 1), ("tile_d128", 2)]
+                    variants += [("tile_d128", 1), ("tile_d128", 2), ("tile_d128", 3)]
                 r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, base, variants=variants)
                 table(r, n, d, causal)

@@ -400,7 +400,7 @@ TEST_CASE("08: ablations outside bf16 at d = 64, 128 are refused by name") {
     CHECK(msg.find("08_tensor_core_fwd") != std::string::npos);
   }
   CHECK_THROWS_AS(stage().set_option("ablation", 6), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("tile_d128", 3), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("tile_d128", 4), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("tile_d128", -1), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("block_n", 64), std::invalid_argument);
   CHECK(stage().get_counter("ablation") == int64_t(s8::Ablation::NoSwizzle));
@@ -412,7 +412,8 @@ TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow an
   std::vector<fa::Problem> problems = {make(1, 2, 1, 97, 130, 128, true), make(1, 8, 2, 300, 77, 128, false),
                                        make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 128, false)};
   if (!fa::test::small_mode()) problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
-  for (auto tile : {s8::TileD128::QInRegisters, s8::TileD128::QInShared, s8::TileD128::QInSharedWide}) {
+  for (auto tile : {s8::TileD128::Auto, s8::TileD128::QInRegisters, s8::TileD128::QInShared,
+                    s8::TileD128::QInSharedWide}) {
     const Variant v(s8::Ablation::None, tile);
     for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
       for (const auto& p : problems) {
@@ -429,6 +430,18 @@ TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow an
   CHECK(all.find("B_r=128 B_c=64") != std::string::npos);
   CHECK(all.find("Q in shared memory") != std::string::npos);
   CHECK(all.find("98304 dynamic") != std::string::npos);  // Q 32 KB + 2 stages × (K, V) 16 KB
+}
+
+TEST_CASE("08: tile_d128 = auto takes the wide tile without a causal mask and q_regs with one") {
+  const Variant v(s8::Ablation::None, s8::TileD128::Auto);
+  for (bool causal : {false, true}) {
+    std::string all;
+    for (const auto& [key, value] : stage().report(make(1, 2, 1, 300, 300, 128, causal), fa::Dtype::BF16))
+      all += key + ": " + value + "\n";
+    INFO(all);
+    CHECK(all.find(causal ? "B_r=64 B_c=64" : "B_r=128 B_c=64") != std::string::npos);
+    CHECK((all.find("lazy rescale") != std::string::npos) == !causal);
+  }
 }
 
 TEST_CASE("08: the device entry point refuses bad input and writes nothing") {

@@ -21,8 +21,9 @@ bool have_gpu() {
 
 // The settings the C ABI can change by name (fa_set_option / fa_get_counter):
 //   "ablation":  0 none, 1 no_pipeline, 2 no_swizzle, 3 padded, 4 no_causal_split, 5 no_exp2
-//   "tile_d128": 0 q_regs (B_r = 64, Q in registers), 1 q_smem (B_r = 128, B_c = 32, Q in shared
-//                memory), 2 q_smem_wide (B_r = 128, B_c = 64, Q in shared memory)
+//   "tile_d128": 0 auto (q_smem_wide without a causal mask, q_regs with one), 1 q_regs (B_r = 64,
+//                Q in registers), 2 q_smem (B_r = 128, B_c = 32, Q in shared memory),
+//                3 q_smem_wide (B_r = 128, B_c = 64, Q in shared memory)
 void set_option(const std::string& name, int64_t value) {
   Options o = current_options();
   if (name == "ablation") {
@@ -33,7 +34,7 @@ void set_option(const std::string& name, int64_t value) {
   } else if (name == "tile_d128") {
     if (value < 0 || value >= int64_t(tile_d128_names().size()))
       throw std::invalid_argument("08_tensor_core_fwd: tile_d128 = " + std::to_string(value) +
-                                  " is not 0 (q_regs), 1 (q_smem) or 2 (q_smem_wide)");
+                                  " is not 0 (auto), 1 (q_regs), 2 (q_smem) or 3 (q_smem_wide)");
     o.tile_d128 = TileD128(value);
   } else {
     throw std::invalid_argument("08_tensor_core_fwd: no option named '" + name + "' (options: ablation, tile_d128)");
@@ -73,7 +74,8 @@ StageInfo info() {
              const auto& names = tile_d128_names();
              set_option("tile_d128", int64_t(std::find(names.begin(), names.end(), v) - names.begin()));
            },
-           "tile shape at d = 128: q_regs (B_r = 64, B_c = 64, Q in registers), q_smem (B_r = 128, B_c = 32, "
+           "tile shape at d = 128: auto (default: q_smem_wide without a causal mask, q_regs with one), "
+           "q_regs (B_r = 64, B_c = 64, Q in registers), q_smem (B_r = 128, B_c = 32, "
            "Q re-read from shared memory) or q_smem_wide (B_r = 128, B_c = 64, Q re-read from shared memory, "
            "FlashAttention-2's sm90 shape)")
         ->check(CLI::IsMember(tile_d128_names()));

@@ -49,9 +49,34 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+struct Max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Plus {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+/// Reduces this lane's values of row h (g for h = 0, g + 8 for h = 1) of a C-fragment
+/// row of tiles — elements 2h and 2h+1 of every n8 tile — with `op`, as a tree: pairs,
+/// then pairs of pairs. A running reduction down the row would be a chain of 2·kNTiles
+/// dependent instructions, each waiting for the one before; the tree is log2 of that
+/// deep, so the warp has independent work to issue while each result is on its way.
+template <int kNTiles, class Op>
+__device__ __forceinline__ float row_reduce(const float (&S)[kNTiles][4], int h, Op op) {
+  float v[kNTiles];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) v[nt] = op(S[nt][2 * h], S[nt][2 * h + 1]);
+#pragma unroll
+  for (int stride = 1; stride < kNTiles; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < kNTiles; i += 2 * stride) v[i] = op(v[i], v[i + stride]);
+  return v[0];
+}
+
 /// Running max and sum of this thread's rows: kMTiles m16 tiles × 2 rows (g, g+8).
-/// `kExp2` selects the exponential (see above).
-template <int kMTiles, bool kExp2>
+/// `kExp2` selects the exponential (see above); `kLazyRescale`, whether O is rescaled on
+/// every tile or only when a maximum moved (rescale()).
+template <int kMTiles, bool kExp2, bool kLazyRescale = false>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];  // m: max of raw scores seen so far (same on the 4 lanes)
   float row_sum[kMTiles][2];  // l: this lane's part of Σ e^{scale·(s − m)}
@@ -74,59 +99,73 @@ struct OnlineSoftmax {
   /// accumulators O ([16·kMTiles, 8·kNTilesO]) by e^{scale·(m_old − m_new)}.
   template <int kNTilesS, int kNTilesO>
   __device__ __forceinline__ void update(float (&S)[kMTiles][kNTilesS][4], float (&O)[kMTiles][kNTilesO][4]) {
+    float alpha[kMTiles][2];     // e^{scale·(m_old − m_new)} of each of this thread's rows
+    float m_scaled[kMTiles][2];  // m_new·c, the subtrahend of every exponent of the row
+    // c = scale·log2(e) for 2^x, or scale for the unfolded e^x (the no_exp2 ablation).
+    constexpr bool kUseExp2 = kExp2;
+    const float c = kUseExp2 ? scale_log2 : scale;
+    //! [online softmax update]
+    // LAB BEGIN: online softmax update — hint: per row: m_new = quad_max of the row and m_old; alpha = e^{scale·(m_old − m_new)}; l *= alpha; O *= alpha; then P = e^{scale·(S − m_new)} in place and l += Σ P
+    // 1. The new maxima, and the factors that move the old sums onto them.
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
+    for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        //! [online softmax update]
-        // LAB BEGIN: online softmax update — hint: m_new = quad_max of the row; alpha = e^{scale·(m_old − m_new)}; P = e^{scale·(S − m_new)} in place; l = alpha·l + Σ P; O *= alpha
-        // m_new = max(m_old, rowmax(S_ij)): this lane's two columns per n8 tile, then the group.
-        float m_new = row_max[mi][h];
+        // m_new = max(m_old, rowmax(S_ij)): this lane's columns of the row, then the group.
+        const float m_old = row_max[mi][h];
+        const float m_new = quad_max(fmaxf(m_old, row_reduce(S[mi], h, Max{})));
+        row_max[mi][h] = m_new;
+        m_scaled[mi][h] = m_new == -INFINITY ? 0.0f : m_new * c;  // 0 while the row has seen no key
+        alpha[mi][h] = exponential(m_old * c - m_scaled[mi][h]);
+        row_sum[mi][h] *= alpha[mi][h];  // l ← alpha·l
+      }
+    // 2. O ← alpha·O, before the exponentials: the multiplies (FMA pipe) then overlap with
+    //    the ex2 instructions (special-function unit) instead of delaying P V.
+    rescale(O, alpha);
+    // 3. P = e^{scale·(S − m_new)} in place, and l += rowsum(P) (this lane's columns only;
+    //    the group's four partial sums are added once, after the last tile).
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int nt = 0; nt < kNTilesS; ++nt)
-          m_new = fmaxf(m_new, fmaxf(S[mi][nt][2 * h], S[mi][nt][2 * h + 1]));
-        m_new = quad_max(m_new);
-        const float m_old = row_max[mi][h];
-        row_max[mi][h] = m_new;
-
-        float alpha, row_tile_sum = 0.0f;
-        if constexpr (kExp2) {
-          // P = 2^{s·c − m_new·c}; the subtrahend is 0 while the row has seen no key.
-          const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-          alpha = fast_exp2(m_old * scale_log2 - m_scaled);  // e^{scale·(m_old − m_new)}
 #pragma unroll
-          for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& s = S[mi][nt][2 * h + e];
-              s = fast_exp2(fmaf(s, scale_log2, -m_scaled));
-              row_tile_sum += s;
-            }
-        } else {
-          // The unfolded version: scale the score, subtract the scaled max, natural exp.
-          const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale;
-          alpha = __expf(m_old * scale - m_scaled);
-#pragma unroll
-          for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& s = S[mi][nt][2 * h + e];
-              s = __expf(s * scale - m_scaled);
-              row_tile_sum += s;
-            }
-        }
-        // l ← alpha·l + rowsum(P_ij) (this lane's columns only; the group is summed at the end)
-        row_sum[mi][h] = alpha * row_sum[mi][h] + row_tile_sum;
-        // O ← alpha·O, before the kernel adds P_ij V_j
-#pragma unroll
-        for (int dt = 0; dt < kNTilesO; ++dt) {
-          O[mi][dt][2 * h] *= alpha;
-          O[mi][dt][2 * h + 1] *= alpha;
-        }
-        // LAB END
-        //! [online softmax update]
+          for (int e = 0; e < 2; ++e) {
+            float& s = S[mi][nt][2 * h + e];
+            // exp2 folding: one FFMA, s·c − m·c; unfolded: a multiply, then a subtraction.
+            s = exponential(kUseExp2 ? fmaf(s, c, -m_scaled[mi][h]) : s * c - m_scaled[mi][h]);
+          }
+        row_sum[mi][h] += row_reduce(S[mi], h, Plus{});
       }
+    // LAB END
+    //! [online softmax update]
+  }
+
+  /// e^{x/c·scale}: 2^x with exp2 folding, else e^x by __expf (the unfolded ablation).
+  __device__ __forceinline__ static float exponential(float x) { return kExp2 ? fast_exp2(x) : __expf(x); }
+
+  /// O ← alpha·O, row by row. With kLazyRescale the warp first votes on whether any of
+  /// its rows' maxima moved (some alpha ≠ 1) and skips the multiplies when none did: once
+  /// the maxima settle, most tiles leave every alpha at exactly 1. The vote is
+  /// warp-uniform (the branch never splits the warp) and the result is bitwise the same
+  /// either way (x·1 = x); only the time depends on the data. It pays off only where
+  /// registers are too scarce for the compiler to hide the multiplies among the MMAs
+  /// (the notes, "Lazy rescaling").
+  template <int kNTilesO>
+  __device__ __forceinline__ void rescale(float (&O)[kMTiles][kNTilesO][4], const float (&alpha)[kMTiles][2]) {
+    if constexpr (kLazyRescale) {
+      bool moved = false;
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) moved = moved || alpha[mi][0] != 1.0f || alpha[mi][1] != 1.0f;
+      if (!__any_sync(0xffffffffu, moved)) return;
     }
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int dt = 0; dt < kNTilesO; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[mi][dt][e] *= alpha[mi][e / 2];  // e = 0, 1: row g; 2, 3: row g + 8
   }
 
   /// After the last tile: O ← O / l and L = scale·m + ln l for this thread's rows

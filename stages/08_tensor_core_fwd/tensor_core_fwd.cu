@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
     for (int dt = 0; dt < d / 8; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) O_acc[mi][dt][e] = 0.0f;
-  OnlineSoftmax<kM, Tr::kExp2> softmax(p.scale);
+  OnlineSoftmax<kM, Tr::kExp2, Tr::kLazyRescale> softmax(p.scale);
 
   // One key tile. `masked` is std::true_type on on-band tiles, std::false_type off-band.
   const auto attend_to_tile = [&](auto masked, int it) {
@@ -237,29 +237,39 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
     // P = e^{scale·(S − m_new)} in place; l, m updated; O_acc rescaled (softmax.cuh).
     softmax.update(S, O_acc);
 
+    //! [p to a fragments]
+    // P, rounded to Elem and packed two values per register, becomes the A fragments of
+    // the k16 steps of P V: keys 16kk..16kk+15 of P are the C fragments S[mi][2kk] and
+    // S[mi][2kk+1] (mma.cuh), already in the places the A fragment wants them. Done for the
+    // whole tile at once, so the fp32 scores' registers are free before P V starts.
+    uint32_t p_frag[kM][B_c / 16][4];
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+      for (int kk = 0; kk < B_c / 16; ++kk) {
+        // LAB BEGIN: P as the A operand — hint: keys 16kk..16kk+15 of P are the C fragments S[mi][2kk] and S[mi][2kk+1]
+        accumulators_to_a_fragment<Elem>(p_frag[mi][kk], S[mi][2 * kk], S[mi][2 * kk + 1]);
+        // LAB END
+      }
+    //! [p to a fragments]
+
     cp_async_wait<kStages == 1 ? 0 : 2 * kStages - 2>();  // this thread's part of V_j landed
     __syncthreads();                                       // everyone's part of V_j landed
 
     //! [p times v]
-    // O_acc += P V_j. P's accumulators, two n8 tiles at a time, are already the A
-    // fragment of a k16 step (mma.cuh): rounded to Elem in registers, never stored.
-    // V_j is stored [key][d] = B stored [k][n]: ldmatrix.trans, pattern X.
+    // O_acc += P V_j, P from registers (never stored). V_j is stored [key][d] = B stored
+    // [k][n]: ldmatrix.trans, pattern X.
     const uint32_t sV_j = sV + stage * Tr::kKVTileBytes;
 #pragma unroll
     for (int kk = 0; kk < B_c / 16; ++kk) {
-      uint32_t p_frag[kM][4];
-      // LAB BEGIN: P as the A operand — hint: keys 16kk..16kk+15 of P are the C fragments S[mi][2kk] and S[mi][2kk+1]
-#pragma unroll
-      for (int mi = 0; mi < kM; ++mi) accumulators_to_a_fragment<Elem>(p_frag[mi], S[mi][2 * kk], S[mi][2 * kk + 1]);
-      // LAB END
 #pragma unroll
       for (int dp = 0; dp < d / 16; ++dp) {
         uint32_t v_frag[4];  // {b0, b1} of d columns 16dp..16dp+7, {b0, b1} of 16dp+8..16dp+15
         ldmatrix_x4_trans(v_frag, lane_x(sV_j, kk, dp));  // keys 16kk.., d columns 16dp..
 #pragma unroll
         for (int mi = 0; mi < kM; ++mi) {
-          mma_m16n8k16<Elem>(O_acc[mi][2 * dp], p_frag[mi], v_frag[0], v_frag[1]);
-          mma_m16n8k16<Elem>(O_acc[mi][2 * dp + 1], p_frag[mi], v_frag[2], v_frag[3]);
+          mma_m16n8k16<Elem>(O_acc[mi][2 * dp], p_frag[mi][kk], v_frag[0], v_frag[1]);
+          mma_m16n8k16<Elem>(O_acc[mi][2 * dp + 1], p_frag[mi][kk], v_frag[2], v_frag[3]);
         }
       }
     }
@@ -350,7 +360,8 @@ std::vector<std::pair<std::string, std::string>> describe(const Problem& p) {
        << Tr::kRowsPerWarp << " rows, " << Tr::kStages << " K/V stage(s), Q in "
        << (Tr::kQInRegs ? "registers" : "shared memory") << ", "
        << (Tr::kLayout == SmemLayout::Swizzled ? "swizzled" : Tr::kLayout == SmemLayout::Padded ? "padded" : "plain")
-       << " smem, " << (Tr::kExp2 ? "exp2 folded" : "expf") << (Tr::kCausalSplit ? "" : ", every tile masked");
+       << " smem, " << (Tr::kExp2 ? "exp2 folded" : "expf") << (Tr::kCausalSplit ? "" : ", every tile masked")
+       << (Tr::kLazyRescale ? ", lazy rescale" : "");
   std::vector<std::pair<std::string, std::string>> rows{{"tile", tile.str()}};
   const void* k = p.causal ? kernel_ptr<Tr, Elem, true>() : kernel_ptr<Tr, Elem, false>();
   FA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
@@ -371,15 +382,20 @@ struct TypeTag {
 
 /// Calls fn(TypeTag<Traits>{}) for the variant `o` selects at head dim kHeadDim.
 template <class Elem, int kHeadDim, class Fn>
-void with_variant(const Options& o, Fn&& fn) {
+void with_variant(const Options& o, bool causal, Fn&& fn) {
   using Base = typename DefaultTile<kHeadDim, false>::type;
   if constexpr (kHeadDim == 128) {
-    if (o.tile_d128 != TileD128::QInRegisters) {
+    // auto: with an ablation, the tile the ablations are built on (q_regs); otherwise the
+    // wide tile for full attention and q_regs under a causal mask (measured fastest).
+    TileD128 tile = o.tile_d128;
+    if (tile == TileD128::Auto)
+      tile = o.ablation != Ablation::None || causal ? TileD128::QInRegisters : TileD128::QInSharedWide;
+    if (tile != TileD128::QInRegisters) {
       if (o.ablation != Ablation::None)
         throw std::invalid_argument(std::string(kStageName) +
-                                    ": ablations are built on the default d = 128 tile (q_regs) only; "
-                                    "use tile_d128 = q_regs with an ablation");
-      if (o.tile_d128 == TileD128::QInShared)
+                                    ": ablations are built on the q_regs d = 128 tile only; "
+                                    "use tile_d128 = auto or q_regs with an ablation");
+      if (tile == TileD128::QInShared)
         fn(TypeTag<typename DefaultTile<128, true>::type>{});
       else
         fn(TypeTag<typename WideTileD128::type>{});
@@ -409,13 +425,13 @@ void with_variant(const Options& o, Fn&& fn) {
 
 /// Dispatch on head dim; fn is called with the Traits of the variant.
 template <class Elem, class Fn>
-void with_head_dim(int d, const Options& o, Fn&& fn) {
-  switch (d) {
-    case 32: with_variant<Elem, 32>(o, fn); return;
-    case 64: with_variant<Elem, 64>(o, fn); return;
-    case 96: with_variant<Elem, 96>(o, fn); return;
-    case 128: with_variant<Elem, 128>(o, fn); return;
-    case 256: with_variant<Elem, 256>(o, fn); return;
+void with_head_dim(const Problem& p, const Options& o, Fn&& fn) {
+  switch (p.head_dim) {
+    case 32: with_variant<Elem, 32>(o, p.causal, fn); return;
+    case 64: with_variant<Elem, 64>(o, p.causal, fn); return;
+    case 96: with_variant<Elem, 96>(o, p.causal, fn); return;
+    case 128: with_variant<Elem, 128>(o, p.causal, fn); return;
+    case 256: with_variant<Elem, 256>(o, p.causal, fn); return;
     default: break;
   }
   throw std::logic_error("unreachable: head_dim checked before dispatch");
@@ -476,7 +492,7 @@ Ablation parse_ablation(const std::string& name) {
 }
 
 const std::vector<std::string>& tile_d128_names() {
-  static const std::vector<std::string> names{"q_regs", "q_smem", "q_smem_wide"};
+  static const std::vector<std::string> names{"auto", "q_regs", "q_smem", "q_smem_wide"};
   return names;
 }
 
@@ -511,7 +527,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   const FwdParams params{Q, K, V, O, L, p.heads, p.kv_heads, p.seq_q, p.seq_k, p.softmax_scale()};
   with_dtype(dtype, [&](auto tag) {
     using Elem = decltype(tag);
-    with_head_dim<Elem>(p.head_dim, options, [&](auto tag_tr) {
+    with_head_dim<Elem>(p, options, [&](auto tag_tr) {
       using Tr = typename decltype(tag_tr)::type;
       launch<Tr, Elem>(p, params, stream);
     });
@@ -523,7 +539,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   std::vector<std::pair<std::string, std::string>> rows;
   with_dtype(dtype, [&](auto tag) {
     using Elem = decltype(tag);
-    with_head_dim<Elem>(p.head_dim, current_options(), [&](auto tag_tr) {
+    with_head_dim<Elem>(p, current_options(), [&](auto tag_tr) {
       using Tr = typename decltype(tag_tr)::type;
       rows = describe<Tr, Elem>(p);
     });

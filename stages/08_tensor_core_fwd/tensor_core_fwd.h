@@ -35,14 +35,16 @@ Ablation parse_ablation(const std::string& name);
 /// Q_i in registers; B_r = 128, B_c = 32 with Q_i re-read from shared memory for every K
 /// tile (twice the MMAs per fragment read from shared memory); or B_r = 128, B_c = 64
 /// with Q_i in shared memory, FlashAttention-2's own d = 128 tile on sm90 (the same reuse,
-/// half the per-tile overhead of B_c = 32, the fewest spare registers).
-enum class TileD128 { QInRegisters = 0, QInShared = 1, QInSharedWide = 2 };
-const std::vector<std::string>& tile_d128_names();  ///< "q_regs", "q_smem", "q_smem_wide"
+/// half the per-tile overhead of B_c = 32, the fewest spare registers). `Auto`, the
+/// default, takes the one measured fastest on the H200 for the problem: the wide tile
+/// without a causal mask, q_regs with one (the notes, "Choosing the tiles").
+enum class TileD128 { Auto = 0, QInRegisters = 1, QInShared = 2, QInSharedWide = 3 };
+const std::vector<std::string>& tile_d128_names();  ///< "auto", "q_regs", "q_smem", "q_smem_wide"
 
 /// Settings that select a kernel variant; the stage's options change the current ones.
 struct Options {
   Ablation ablation = Ablation::None;
-  TileD128 tile_d128 = TileD128::QInRegisters;
+  TileD128 tile_d128 = TileD128::Auto;
 };
 Options current_options();
 void set_options(const Options& o);

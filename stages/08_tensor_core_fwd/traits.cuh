@@ -25,8 +25,11 @@ namespace fa::stage08 {
 ///  kCausalSplit  off-band tiles skip the mask (true) or every tile is masked (false)
 ///  kExp2      scale·log2(e) folded into one FFMA before ex2 (true), or the textbook
 ///             e^{scale·(s − m)} with separate multiplies and __expf (false)
+///  kLazyRescale  O_i rescaled only on tiles where some row of the warp has a new maximum
+///             (true), or on every tile (false); softmax.cuh, rescale()
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, bool kQInRegs_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled, bool kCausalSplit_ = true, bool kExp2_ = true>
+          SmemLayout kLayout_ = SmemLayout::Swizzled, bool kCausalSplit_ = true, bool kExp2_ = true,
+          bool kLazyRescale_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // B_r
@@ -38,6 +41,7 @@ struct Traits {
   static constexpr SmemLayout kLayout = kLayout_;
   static constexpr bool kCausalSplit = kCausalSplit_;
   static constexpr bool kExp2 = kExp2_;
+  static constexpr bool kLazyRescale = kLazyRescale_;
 
   // Work of one warp, in units of the m16n8k16 instruction.
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
@@ -115,7 +119,7 @@ struct DefaultTile<256, W> {
 /// room of all: O 128 + S 64 registers per thread, before addresses and the Q fragments
 /// of the current k16 step. Shared memory: Q_i 32 KB + 2 × (K_j, V_j) 64 KB = 96 KB.
 struct WideTileD128 {
-  using type = Traits<128, 128, 64, 4, 2, false>;
+  using type = Traits<128, 128, 64, 4, 2, false, SmemLayout::Swizzled, true, true, /*kLazyRescale=*/true>;
 };
 
 /// `Base` with exactly one optimisation turned off.
