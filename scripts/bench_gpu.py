@@ -402,7 +402,9 @@ class Bench:
                 results[(d, causal)] = self.safe_point(stages, "f32", 4, h, 4096, d, causal,
                                                        [("sdpa_math", SDPBackend.MATH)],
                                                        variants=[("block_k", 32), ("block_k", 64),
-                                                                 ("pipeline", 2)])
+                                                                 ("pipeline", 2), ("variant", 1),
+                                                                 ("variant", 2), ("variant", 3),
+                                                                 ("variant", 4)])
         gemm = self.gemm.get(torch.float32, float("nan"))
         lines = [f"fp32 forward, N = 4096, batch 4, heads 2048/d (TFLOP/s; fp32 GEMM {gemm:.1f})",
                  f"{'impl':34s} {'d':>4s} {'causal':>6s} {'TFLOP/s':>8s} {'ms':>8s} "
@@ -497,7 +499,8 @@ def tune_sweep(bench, stages):
                 table(r, n, d, causal)
                 r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, [],
-                                     variants=[("deterministic", 1), ("tile", 1), ("schedule", 1)])
+                                     variants=[("deterministic", 1), ("tile", 1), ("schedule", 1),
+                                               ("layout", 1), ("layout", 2)])
                 table(r, n, d, causal)
     for d in (64, 128):
         for causal in (False, True):

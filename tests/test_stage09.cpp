@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bwd_tile_index.h"
+#include "bwd_traits.cuh"
 #include "check.h"
 #include "cuda_utils.h"
 #include "reference.h"
@@ -246,6 +247,17 @@ TEST_CASE("stage 09: options by name") {
   CHECK(s09::current_options().schedule == s09::Schedule::OneBarrier);
   CHECK(stage().get_counter("schedule") == 1);
   CHECK_THROWS_AS(stage().set_option("schedule", 2), std::invalid_argument);
+  CHECK(s09::Options{}.layout == s09::WarpLayout::Auto);
+  stage().set_option("layout", 2);
+  CHECK(s09::current_options().layout == s09::WarpLayout::PSmem);
+  CHECK(stage().get_counter("layout") == 2);
+  stage().set_option("layout", 1);
+  CHECK(s09::current_options().layout == s09::WarpLayout::PRegs);
+  stage().set_option("layout", 0);
+  CHECK(s09::current_options().layout == s09::WarpLayout::Auto);
+  CHECK_THROWS_AS(stage().set_option("layout", 3), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("layout", -1), std::invalid_argument);
+  CHECK(s09::layout_names() == std::vector<std::string>{"auto", "p_regs", "p_smem"});
   CHECK(s09::parse_ablation("no_swizzle") == s09::Ablation::NoSwizzle);
   CHECK_THROWS_AS(s09::parse_ablation("fast"), std::invalid_argument);
 }
@@ -255,7 +267,8 @@ TEST_CASE("stage 09: options by name") {
 // Problem::visible_keys on small problems.
 // ---------------------------------------------------------------------------------------
 
-TEST_CASE("stage 09: query_tile_range and visible_query_columns agree with Problem::visible_keys") {
+TEST_CASE("stage 09: query_tile_range and visible_query_columns agree with Problem::visible_keys" *
+          doctest::test_suite("cpu")) {
   for (bool causal : {false, true})
     for (int block_m : {16, 64, 128})
       for (int block_n : {64, 128})
@@ -299,6 +312,133 @@ TEST_CASE("stage 09: query_tile_range and visible_query_columns agree with Probl
               }
             }
           }
+}
+
+// ---------------------------------------------------------------------------------------
+// The warp grids of the dK/dV kernel (bwd_traits.cuh), on the host. For the default tile
+// (p_regs) and layout p_smem at both head dims: the warps' Sᵀ fragments (C fragments: the
+// thread (g, t) of warp w holds key warp_key0(w) + 16mi + g + 8h, query warp_q0(w) + 8nt +
+// 2t + e) cover the [B_c, B_r] tile exactly once, and their Elem stores (smem_offset, as
+// store_c_fragments writes them) hit every element of the Pᵀ / dSᵀ tile exactly once; the
+// dK_j, dV_j fragments (columns warp_col0(w) + 8dt + 2t + e) cover [B_c, d] exactly once,
+// and so do the epilogue's stores into the K_j, V_j buffers. p_smem keeps p_regs'
+// registers per thread and its shared memory is what the notes say.
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+template <class Tr>
+void check_warp_grid() {
+  constexpr int B_c = Tr::kBlockN, B_r = Tr::kBlockM, d = Tr::kHeadDim;
+  INFO("d = " << d << ", B_r = " << B_r << ", B_c = " << B_c << ", warps " << Tr::kWarpsKeys << " x "
+              << Tr::kWarpsSplit);
+  std::vector<int> s_seen(B_c * B_r, 0), s_stored(B_c * B_r, 0), kv_seen(B_c * d, 0), kv_stored(B_c * d, 0);
+  for (int w = 0; w < Tr::kWarps; ++w)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int mi = 0; mi < Tr::kKeyTiles; ++mi)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 2; ++e) {
+            const int key = Tr::warp_key0(w) + 16 * mi + g + 8 * h;
+            REQUIRE(key < B_c);
+            for (int nt = 0; nt < Tr::kQueriesPerWarp / 8; ++nt) {
+              const int q = Tr::warp_q0(w) + 8 * nt + 2 * t + e;
+              REQUIRE(q < B_r);
+              ++s_seen[key * B_r + q];
+              const int at = fa::stage08::smem_offset(key, q / 8, B_r, Tr::kLayout) + q % 8;
+              REQUIRE(at < B_c * B_r);
+              ++s_stored[at];
+            }
+            for (int dt = 0; dt < Tr::kColsPerWarp / 8; ++dt) {
+              const int c = Tr::warp_col0(w) + 8 * dt + 2 * t + e;
+              REQUIRE(c < d);
+              ++kv_seen[key * d + c];
+              const int at = fa::stage08::smem_offset(key, c / 8, d, Tr::kLayout) + c % 8;
+              REQUIRE(at < B_c * d);
+              ++kv_stored[at];
+            }
+          }
+    }
+  const auto once = [](const std::vector<int>& v) {
+    return std::all_of(v.begin(), v.end(), [](int n) { return n == 1; });
+  };
+  CHECK_MESSAGE(once(s_seen), "the warps' Sᵀ blocks do not tile [B_c, B_r] exactly once");
+  CHECK_MESSAGE(once(s_stored), "the Pᵀ / dSᵀ stores do not hit every element of the tile exactly once");
+  CHECK_MESSAGE(once(kv_seen), "the warps' dK_j, dV_j blocks do not tile [B_c, d] exactly once");
+  CHECK_MESSAGE(once(kv_stored), "the epilogue's stores do not hit every element of [B_c, d] exactly once");
+}
+
+template <class Tr, class Base>
+void check_same_registers() {
+  // fp32 accumulators per thread: Sᵀ (and dPᵀ) of one step, dK_j (and dV_j) of the kernel.
+  constexpr int st = Tr::kKeyTiles * Tr::kQueriesPerWarp / 8 * 4;
+  constexpr int acc = Tr::kKeyTiles * Tr::kColsPerWarp / 8 * 4;
+  constexpr int st0 = Base::kKeyTiles * Base::kQueriesPerWarp / 8 * 4;
+  constexpr int acc0 = Base::kKeyTiles * Base::kColsPerWarp / 8 * 4;
+  CHECK(st == st0);
+  CHECK(acc == acc0);
+}
+
+}  // namespace
+
+TEST_CASE("stage 09: the warp grids of both layouts cover their tiles exactly once" * doctest::test_suite("cpu")) {
+  using T64 = s09::DefaultTiles<64>;
+  using T128 = s09::DefaultTiles<128>;
+  check_warp_grid<T64::DkDv>();
+  check_warp_grid<T128::DkDv>();
+  check_warp_grid<T64::DkDvNarrow>();
+  check_warp_grid<T128::DkDvNarrow>();
+  check_warp_grid<T64::DkDvPSmem>();
+  check_warp_grid<T128::DkDvPSmem>();
+  static_assert(!T64::DkDv::kPInSmem && !T128::DkDv::kPInSmem && T64::DkDvPSmem::kPInSmem &&
+                T128::DkDvPSmem::kPInSmem);
+  // The same B_r, B_c and warps as the default, the same registers per thread.
+  check_same_registers<T64::DkDvPSmem, T64::DkDv>();
+  check_same_registers<T128::DkDvPSmem, T128::DkDv>();
+  CHECK(T64::DkDvPSmem::kBlockM == T64::DkDv::kBlockM);
+  CHECK(T128::DkDvPSmem::kBlockN == T128::DkDv::kBlockN);
+  // Shared memory: the default plus one Pᵀ tile [B_c, B_r] of 16-bit elements.
+  CHECK(T64::DkDv::kSmemBytes == 130 * 1024);
+  CHECK(T64::DkDvPSmem::kSmemBytes == 162 * 1024);
+  CHECK(T128::DkDv::kSmemBytes == 145 * 1024);
+  CHECK(T128::DkDvPSmem::kSmemBytes == 161 * 1024);
+}
+
+// In layout p_smem a warp masks its block of Sᵀ as a query tile of its own: kQueriesPerWarp
+// columns from q0 + warp_q0 (the kernel's mask call). That must keep exactly the columns
+// the whole tile's mask keeps, on every key of every visited tile.
+TEST_CASE("stage 09: a warp's block of queries is masked like its columns of the whole tile" *
+          doctest::test_suite("cpu")) {
+  for (int d : {64, 128}) {
+    const int B_r = d == 64 ? s09::DefaultTiles<64>::DkDvPSmem::kBlockM : s09::DefaultTiles<128>::DkDvPSmem::kBlockM;
+    const int B_c = d == 64 ? s09::DefaultTiles<64>::DkDvPSmem::kBlockN : s09::DefaultTiles<128>::DkDvPSmem::kBlockN;
+    const int splits = d == 64 ? s09::DefaultTiles<64>::DkDvPSmem::kWarpsSplit
+                               : s09::DefaultTiles<128>::DkDvPSmem::kWarpsSplit;
+    const int qw = B_r / splits;
+    for (bool causal : {false, true})
+      for (int seq_q : {1, 20, 64, 84, 150, 200, 257, 333})
+        for (int seq_k : {1, 77, 128, 150, 200, 333}) {
+          INFO("d = " << d << " causal = " << causal << " seq_q = " << seq_q << " seq_k = " << seq_k);
+          int64_t wrong = 0;
+          for (int64_t key0 = 0; key0 < seq_k; key0 += B_c) {
+            const s09::QueryTileRange r = s09::query_tile_range(key0, B_c, B_r, seq_q, seq_k, causal);
+            for (int i = r.begin; i < r.end; ++i) {
+              const int64_t q0 = int64_t(i) * B_r;
+              for (int64_t key = key0; key < key0 + B_c; ++key) {
+                const s09::QueryColumns tile = s09::visible_query_columns(key, q0, B_r, seq_q, seq_k, causal);
+                for (int ws = 0; ws < splits; ++ws) {
+                  const s09::QueryColumns c = s09::visible_query_columns(key, q0 + ws * qw, qw, seq_q, seq_k, causal);
+                  for (int col = 0; col < qw; ++col) {
+                    const int tile_col = ws * qw + col;
+                    wrong += (col >= c.begin && col < c.end) != (tile_col >= tile.begin && tile_col < tile.end);
+                  }
+                }
+              }
+            }
+          }
+          CHECK(wrong == 0);
+        }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -377,6 +517,128 @@ TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ m
     CHECK(msg.find("one_barrier") != std::string::npos);
     CHECK(msg.find(narrow ? "tile narrow" : "ablation no_pipeline") != std::string::npos);
   }
+}
+
+// The p_smem warp layout (warps 4 × 2, Pᵀ and dSᵀ through shared memory): the same
+// gradients, both dtypes, both modes. Besides the one_barrier shapes, lengths whose ragged
+// last query tile or causal diagonal ends inside one warp's half of the queries (B_r = 64
+// at d = 128, 128 at d = 64: 20, 84, 150, 200 queries), rows that see no key (causal,
+// N_q > N_k), several key tiles with a ragged last one (N_k = 333), and GQA.
+TEST_CASE("stage 09: the p_smem warp layout is correct (both dtypes, both dQ modes)") {
+  uint64_t seed = 800;
+  for (bool det : {false, true}) {
+    s09::Options o;
+    o.layout = s09::WarpLayout::PSmem;
+    o.deterministic = det;
+    OptionsScope scope(o);
+    INFO("layout p_smem, deterministic = " << det);
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+      for (int d : {64, 128})
+        for (const fa::Problem& p :
+             {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false), make(1, 2, 1, 97, 513, d, true),
+              make(1, 8, 2, 128, 128, d, true), make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false),
+              make(1, 2, 1, 20, 333, d, true), make(1, 2, 1, 84, 84, d, true), make(1, 2, 1, 150, 333, d, true),
+              make(1, 4, 2, 200, 150, d, true), make(1, 2, 2, 333, 200, d, false)})
+          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
+  }
+  // Both layouts on the same inputs pass; in atomic mode p_smem's dK and dV, like
+  // p_regs', are bitwise reproducible (only dQ's atomics depend on the order of blocks).
+  {
+    const fa::Problem p = make(1, 4, 2, 257, 300, 128, true);
+    const fa::Dtype t = fa::Dtype::BF16;
+    fa::Tensors x = fa::Tensors::make(p, 45, fa::Dist::Normal, true);
+    stage().forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+    fa::Tensors regs = x, smem = x, smem2 = x;
+    {
+      s09::Options o;
+      o.layout = s09::WarpLayout::PRegs;
+      OptionsScope scope(o);
+      stage().backward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data(), x.dO.data(),
+                       regs.dQ.data(), regs.dK.data(), regs.dV.data());
+    }
+    {
+      s09::Options o;
+      o.layout = s09::WarpLayout::PSmem;
+      OptionsScope scope(o);
+      for (fa::Tensors* y : {&smem, &smem2})
+        stage().backward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data(), x.dO.data(),
+                         y->dQ.data(), y->dK.data(), y->dV.data());
+    }
+    const fa::CheckReport rr = fa::compare_backward(p, t, regs), rs = fa::compare_backward(p, t, smem);
+    INFO("p_regs:\n" << rr.summary() << "p_smem:\n" << rs.summary());
+    CHECK(rr.pass());
+    CHECK(rs.pass());
+    CHECK_MESSAGE(bitwise_equal(smem.dK, smem2.dK), "dK differs between two p_smem runs");
+    CHECK_MESSAGE(bitwise_equal(smem.dV, smem2.dV), "dV differs between two p_smem runs");
+  }
+  // Built on the wide tile with the two_barriers schedule and no ablation only; the other
+  // combinations are refused by name, naming both values.
+  for (int other = 0; other < 3; ++other) {
+    s09::Options o;
+    o.layout = s09::WarpLayout::PSmem;
+    if (other == 0) o.schedule = s09::Schedule::OneBarrier;
+    else if (other == 1) o.tile = s09::Tile::Narrow;
+    else o.ablation = s09::Ablation::NoPipeline;
+    OptionsScope scope(o);
+    std::string msg;
+    try {
+      fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), fa::Dtype::BF16, 1, fa::Dist::Normal, true);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO("message: '" << msg << "'");
+    CHECK(msg.find("09_tensor_core_bwd") != std::string::npos);
+    CHECK(msg.find("layout p_smem") != std::string::npos);
+    CHECK(msg.find("p_regs") != std::string::npos);
+    CHECK(msg.find(other == 0 ? "schedule one_barrier" : other == 1 ? "tile narrow" : "ablation no_pipeline") !=
+          std::string::npos);
+  }
+}
+
+// Each layout forced at both head dims (layout auto, the default, runs p_smem at d = 128 and
+// p_regs at d = 64, so each layout also gets the head dim auto never gives it) through the
+// shared matrix and the adversarial inputs (every length from 1 to 1025, N_q ≠ N_k, GQA;
+// large logits, empty sequences, constant and NaN rows): bf16 with atomics, f16
+// deterministic, so each dtype and mode runs once per layout.
+TEST_CASE("stage 09: shape matrix and adversarial inputs, layouts p_regs and p_smem forced") {
+  for (s09::WarpLayout layout : {s09::WarpLayout::PRegs, s09::WarpLayout::PSmem})
+    for (bool det : {false, true}) {
+      s09::Options o;
+      o.layout = layout;
+      o.deterministic = det;
+      OptionsScope scope(o);
+      const fa::Dtype t = det ? fa::Dtype::F16 : fa::Dtype::BF16;
+      INFO("layout " << s09::layout_names()[size_t(layout)] << ", " << fa::dtype_name(t)
+                     << ", deterministic = " << det);
+      fa::test::check_matrix(stage(), t, true);
+      fa::test::check_adversarial(stage(), t, true);
+    }
+}
+
+// Layout auto's choice, read back from the launch report (decided on the host, no GPU needed).
+TEST_CASE("stage 09: layout auto takes p_smem at d = 128 and p_regs at d = 64" * doctest::test_suite("cpu")) {
+  auto tile_row = [](int d, const s09::Options& o) {
+    OptionsScope scope(o);
+    for (const auto& [key, value] : s09::launch_report(make(1, 2, 2, 256, 256, d, false), fa::Dtype::BF16, false))
+      if (key == "tile") return value;
+    return std::string();
+  };
+  const s09::Options automatic;
+  CHECK(tile_row(128, automatic).find("layout p_smem") != std::string::npos);
+  CHECK(tile_row(64, automatic).find("layout p_regs") != std::string::npos);
+  s09::Options det;
+  det.deterministic = true;
+  CHECK(tile_row(128, det).find("layout p_smem") != std::string::npos);
+  // Where p_smem is not built, auto falls back to p_regs instead of refusing.
+  s09::Options one_barrier;
+  one_barrier.schedule = s09::Schedule::OneBarrier;
+  CHECK(tile_row(128, one_barrier).find("layout p_regs") != std::string::npos);
+  s09::Options narrow;
+  narrow.tile = s09::Tile::Narrow;
+  CHECK(tile_row(128, narrow).find("layout p_regs") != std::string::npos);
+  s09::Options regs;
+  regs.layout = s09::WarpLayout::PRegs;
+  CHECK(tile_row(128, regs).find("layout p_regs") != std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------

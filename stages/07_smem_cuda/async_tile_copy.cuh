@@ -24,8 +24,10 @@ namespace fa::stage07 {
 namespace {
 
 // The register copy of smem_cuda.cu: its thread → chunk layout is reused here.
-template <int ROWS, int D, int STRIDE>
+template <int ROWS, int D, int STRIDE, int THREADS, bool SWIZZLED>
 struct TileCopy;
+template <bool kSwizzled, int STRIDE>
+__device__ __forceinline__ int tile_at(int row, int col);
 
 // Copies 16 bytes global → shared in the background; bytes past `src_bytes` (0 or 16) are
 // written as zeros, which is how a tail row or a padded column becomes 0 without a branch
@@ -44,14 +46,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// The same tile as TileCopy<ROWS, D, STRIDE> (same thread → chunk assignment, same zeros
-// for rows ≥ n_rows and columns ≥ d), issued as cp.async: rows [row0, row0 + ROWS) of a
-// row-major [n_rows][d] matrix into a shared tile of ROWS × STRIDE floats. The copies land
-// only after cp_async_wait and become visible to the other threads after __syncthreads().
-template <int ROWS, int D, int STRIDE>
+// The same tile as Layout = TileCopy<ROWS, D, STRIDE, THREADS, SWIZZLED> (same thread →
+// chunk assignment, same places in shared memory, same zeros for rows ≥ n_rows and columns
+// ≥ d), issued as cp.async: rows [row0, row0 + ROWS) of a row-major [n_rows][d] matrix into
+// a shared tile of ROWS × STRIDE floats. The copies land only after cp_async_wait and become
+// visible to the other threads after __syncthreads().
+template <typename Layout>
 __device__ __forceinline__ void tile_copy_async(float* dst, const float* src, int64_t row0,
                                                 int64_t n_rows, int d) {
-  using Layout = TileCopy<ROWS, D, STRIDE>;  // chunk columns and row step, as the sync copy
+  constexpr int ROWS = Layout::kRows, D = Layout::kD, STRIDE = Layout::kStride;
   const int col = 4 * (int(threadIdx.x) % Layout::kChunkCols);
   const int r = int(threadIdx.x) / Layout::kChunkCols;
   if (col >= D) return;  // only for D = 96: lanes past the last column
@@ -62,7 +65,7 @@ __device__ __forceinline__ void tile_copy_async(float* dst, const float* src, in
     const bool inside = col < d && row < rows;
     // A zero-byte copy reads nothing, but its address is still given: point it at `src`.
     const float* from = inside ? src + (row0 + row) * d + col : src;
-    cp_async_16(dst + row * STRIDE + col, from, inside ? 16 : 0);
+    cp_async_16(dst + tile_at<Layout::kSwizzled, STRIDE>(row, col), from, inside ? 16 : 0);
   }
 }
 

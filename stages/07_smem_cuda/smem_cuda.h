@@ -37,6 +37,9 @@ struct LaunchShape {
   int block_q = 0;          ///< B_r: query rows per thread block
   int block_k = 0;          ///< B_c: keys per shared-memory tile
   bool pipelined = false;   ///< K_j, V_j copied with cp.async during the previous tile's math
+  int variant = 0;          ///< the kernel variant that runs, 1–4 (option `variant`: set_variant)
+  bool swizzled = false;    ///< sQ, sK, sP XOR-swizzled without padding (variants 1, 2)
+  int barriers = 3;         ///< __syncthreads() per key tile (2: variants 1–3 with cp.async)
   int threads = 0;          ///< threads per block
   long long blocks = 0;     ///< T_r · batch · heads thread blocks (a 1-D grid)
   size_t shared_bytes = 0;  ///< dynamic shared memory per block
@@ -47,15 +50,30 @@ LaunchShape launch_shape(const Problem& p);
 /// GPU is present, registers per thread and theoretical occupancy (fa::describe_launch).
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p);
 
-/// B_c override for experiments: 0 (default: 64 for d ≤ 64, 32 above), 32 or 64.
+/// B_c of the padded kernel (variants 3, 4), for experiments: 0 (default: 64 for d ≤ 64, 32
+/// above), 32 or 64. Set, it also turns variant auto into 4 at d = 128 (see set_variant).
 void set_block_k(int block_k);
 int block_k_option();
 
-/// Load schedule for experiments: 0 (default) loads K_j and V_j through registers and then
-/// computes the tile; 1 copies them with cp.async (sm_80+) while the previous tile is being
-/// computed: K_{j+1} during P_ij V_j, V_{j+1} during S_{i,j+1} (async_tile_copy.cuh).
+/// Load schedule for experiments: 0 (default) and 1 copy K_j and V_j with cp.async (sm_80+)
+/// while the previous tile is being computed: K_{j+1} during P_ij V_j, V_{j+1} during
+/// S_{i,j+1} (async_tile_copy.cuh); 2 loads them through registers and then computes the tile.
 void set_pipeline(int pipeline);
 int pipeline_option();
+
+/// Kernel variant (README.md, "Variants"), each correct for every problem:
+///   0  auto, the default: variant 1 at d padded to 128 (unless block_k is set), else 4;
+///   1  B_c = 64 always, sQ/sK/sP XOR-swizzled instead of padded (two blocks per SM fit at
+///      d = 128), two barriers per key tile with the cp.async schedule;
+///   2  as 1 with 256 threads per block (a 16 × 16 thread grid, half the piece per thread);
+///      needs d padded to 64 or 128, and runs the default kernel for the other head dims;
+///   3  the padded tiles with two barriers per key tile (cp.async schedule): the output is
+///      bitwise variant 4's;
+///   4  the padded kernel: sQ, sK, sP padded by 4 floats, B_c = 64 for d ≤ 64 and 32 above,
+///      three barriers per key tile.
+/// block_k applies to variants 3 and 4 only. A process-wide setting, like the other two.
+void set_variant(int variant);
+int variant_option();
 
 StageInfo info();
 

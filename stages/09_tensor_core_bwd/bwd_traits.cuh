@@ -22,8 +22,7 @@ inline constexpr int kQueryPad = 128;
 ///
 ///  kHeadDim   d (a multiple of 16)
 ///  kBlockM    B_r, query rows per step of the loop over query tiles i
-///  kBlockN    B_c, keys per block; warp w owns keys [w·B_c/kWarps, (w+1)·B_c/kWarps)
-///             for the whole kernel: its rows of Sᵀ, dPᵀ, dSᵀ and of dK_j, dV_j
+///  kBlockN    B_c, keys per block
 ///  kWarps     warps per block
 ///  kWarpsMdQ  the dQ_i = dS K_j product is split over the warps differently: a grid of
 ///             kWarpsMdQ (along the B_r query rows) × kWarps/kWarpsMdQ (along d)
@@ -33,8 +32,22 @@ inline constexpr int kQueryPad = 128;
 ///             2 = one barrier per step (schedule "one_barrier", see the kernel's
 ///             "pipeline step"): step i writes dSᵀ buffer i mod 2, so the barrier that
 ///             publishes it also publishes Q_{i+1}, dO_{i+1}
+///  kWarpsKeys the warp layout of the four key-side products (option --layout): the
+///             warps form a grid of kWarpsKeys (along the B_c keys) × kWarpsSplit =
+///             kWarps/kWarpsKeys; warp w = (wk, ws), wk = w / kWarpsSplit, ws = w % kWarpsSplit,
+///             owns keys [wk·kKeysPerWarp, (wk+1)·kKeysPerWarp) for the whole kernel, and
+///               Sᵀ, dPᵀ, dSᵀ:  queries [ws·kQueriesPerWarp, (ws+1)·kQueriesPerWarp) of them
+///               dK_j, dV_j:    columns [ws·kColsPerWarp, (ws+1)·kColsPerWarp) of them
+///             = kWarps ("p_regs", the default): kWarpsSplit = 1, a warp holds its keys'
+///               rows of Sᵀ for ALL B_r queries, which is exactly the A operand of
+///               dV_j += Pᵀ dO_i: Pᵀ and dSᵀ stay in its registers. But every warp then
+///               reads all of Q_i and dO_i twice per step (B of Sᵀ, dPᵀ and of dK, dV).
+///             < kWarps ("p_smem", kPInSmem): each warp computes only a block of Sᵀ,
+///               so Pᵀ and dSᵀ are written to shared memory ([B_c][B_r] tiles) and, after
+///               a barrier, read back as the A operands of dV_j, dK_j; each warp reads
+///               less of Q_i, dO_i (see the notes, "Two warp layouts").
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMdQ_, int kStages_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled, int kDsBuffers_ = 1>
+          SmemLayout kLayout_ = SmemLayout::Swizzled, int kDsBuffers_ = 1, int kWarpsKeys_ = kWarps_>
 struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // B_r
@@ -45,9 +58,20 @@ struct DkDvTraits {
   static constexpr SmemLayout kLayout = kLayout_;
   static constexpr int kDsBuffers = kDsBuffers_;
 
-  // Sᵀ, dPᵀ, dSᵀ: [keys of the warp, B_r]; dK_j, dV_j: [keys of the warp, d].
-  static constexpr int kKeysPerWarp = kBlockN / kWarps;
+  // The warp grid of Sᵀ, dPᵀ, dSᵀ ([kKeysPerWarp, kQueriesPerWarp] per warp) and of
+  // dK_j, dV_j ([kKeysPerWarp, kColsPerWarp] per warp).
+  static constexpr int kWarpsKeys = kWarpsKeys_;
+  static constexpr int kWarpsSplit = kWarps / kWarpsKeys;  // along the queries, then along d
+  static constexpr bool kPInSmem = kWarpsSplit > 1;        // layout p_smem
+  static constexpr int kKeysPerWarp = kBlockN / kWarpsKeys;
   static constexpr int kKeyTiles = kKeysPerWarp / 16;  // m16 tiles of keys per warp
+  static constexpr int kQueriesPerWarp = kBlockM / kWarpsSplit;
+  static constexpr int kColsPerWarp = kHeadDim / kWarpsSplit;
+  // Where warp w sits in that grid: its first key of the tile, its first query column of
+  // Sᵀ (B_r's), its first column of dK_j, dV_j (d's). In layout p_regs the last two are 0.
+  FA_HOST_DEVICE static constexpr int warp_key0(int w) { return w / kWarpsSplit * kKeysPerWarp; }
+  FA_HOST_DEVICE static constexpr int warp_q0(int w) { return w % kWarpsSplit * kQueriesPerWarp; }
+  FA_HOST_DEVICE static constexpr int warp_col0(int w) { return w % kWarpsSplit * kColsPerWarp; }
 
   // dQ_i = dS K_j: [B_r, d], warp (wm, wn) computes rows wm·kRowsDq.., columns wn·kColsDq..
   static constexpr int kWarpsMdQ = kWarpsMdQ_;
@@ -56,7 +80,8 @@ struct DkDvTraits {
   static constexpr int kColsDq = kHeadDim / kWarpsNdQ;
 
   // Shared memory, in bytes: K_j, V_j (resident); kStages × (Q_i, dO_i, L2_i, D_i);
-  // kDsBuffers dSᵀ tiles [B_c][B_r] that hand dS from the key-owning warps to the dQ product.
+  // kDsBuffers dSᵀ tiles [B_c][B_r] that hand dS from the key-owning warps to the dQ product
+  // (and, in layout p_smem, to the dK_j product); in layout p_smem one Pᵀ tile [B_c][B_r].
   static constexpr int kKVTileBytes = smem_tile_bytes(kBlockN, kHeadDim, kLayout);
   static constexpr int kQTileBytes = smem_tile_bytes(kBlockM, kHeadDim, kLayout);
   static constexpr int kDsTileBytes = smem_tile_bytes(kBlockN, kBlockM, kLayout);
@@ -66,12 +91,18 @@ struct DkDvTraits {
   static constexpr int kOffQ = kOffV + kKVTileBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQTileBytes;
   static constexpr int kOffdS = kOffdO + kStages * kQTileBytes;
-  static constexpr int kOffL2 = kOffdS + kDsBuffers * kDsTileBytes;
+  static constexpr int kOffP = kOffdS + kDsBuffers * kDsTileBytes;  // Pᵀ, layout p_smem only
+  static constexpr int kOffL2 = kOffP + (kPInSmem ? kDsTileBytes : 0);
   static constexpr int kOffD = kOffL2 + kStages * kRowStatBytes;
   static constexpr int kSmemBytes = kOffD + kStages * kRowStatBytes;
 
   static_assert(kHeadDim % 16 == 0, "d must be a multiple of the MMA k (16)");
-  static_assert(kBlockN % (16 * kWarps) == 0, "each warp owns whole m16 tiles of keys");
+  static_assert(kWarps % kWarpsKeys == 0 && kBlockN % (16 * kWarpsKeys) == 0,
+                "the warps form a kWarpsKeys × kWarpsSplit grid; each owns whole m16 tiles of keys");
+  static_assert(kBlockM % (16 * kWarpsSplit) == 0 && kHeadDim % (16 * kWarpsSplit) == 0,
+                "the warps along the split own whole 16-wide blocks of queries (Sᵀ) and of d (dK, dV)");
+  static_assert(!kPInSmem || kDsBuffers == 1,
+                "layout p_smem has one dSᵀ tile (the one_barrier schedule is built on p_regs only)");
   static_assert(kBlockM % 16 == 0 && kQueryPad % kBlockM == 0, "B_r: a multiple of 16 that divides kQueryPad");
   static_assert(kWarps % kWarpsMdQ == 0 && kRowsDq % 16 == 0 && kColsDq % 16 == 0,
                 "the dQ warp grid cuts [B_r, d] into whole 16×16 blocks");
@@ -140,10 +171,16 @@ template <int kHeadDim>
 struct DefaultTiles;
 ///  The one-barrier schedule (option --schedule one_barrier) is the wide tile with a
 ///  second dSᵀ tile: d = 64: +32 KB (162 KB in all), d = 128: +16 KB (161 KB).
+///  The p_smem warp layout (option --layout p_smem) is the wide tile with the warps as a
+///  4 (keys) × 2 grid and a Pᵀ tile in shared memory (+32 KB: 162 KB at d = 64; +16 KB:
+///  161 KB at d = 128). Per warp, the same registers as the default:
+///  d = 64:  Sᵀ, dPᵀ 32 keys × 64 queries (64 + 64); dK_j, dV_j 32 keys × 32 columns (32 + 32).
+///  d = 128: Sᵀ, dPᵀ 32 keys × 32 queries (32 + 32); dK_j, dV_j 32 keys × 64 columns (64 + 64).
 template <>
 struct DefaultTiles<64> {
   using DkDv = DkDvTraits<64, 128, 128, 8, 4, 2>;
   using DkDvOneBarrier = DkDvTraits<64, 128, 128, 8, 4, 2, SmemLayout::Swizzled, 2>;
+  using DkDvPSmem = DkDvTraits<64, 128, 128, 8, 4, 2, SmemLayout::Swizzled, 1, 4>;
   using DkDvNarrow = DkDvTraits<64, 64, 128, 8, 4, 2>;
   using Dq = DqTraits<64, 64, 64, 4, 2>;
 };
@@ -151,6 +188,7 @@ template <>
 struct DefaultTiles<128> {
   using DkDv = DkDvTraits<128, 64, 128, 8, 2, 2>;
   using DkDvOneBarrier = DkDvTraits<128, 64, 128, 8, 2, 2, SmemLayout::Swizzled, 2>;
+  using DkDvPSmem = DkDvTraits<128, 64, 128, 8, 2, 2, SmemLayout::Swizzled, 1, 4>;
   using DkDvNarrow = DkDvTraits<128, 64, 64, 4, 2, 2>;
   using Dq = DqTraits<128, 64, 64, 4, 2>;
 };

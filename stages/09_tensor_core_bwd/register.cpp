@@ -42,6 +42,8 @@ void check_problem(const Problem& p) {
 //   "ablation":      0 none, 1 no_pipeline, 2 no_swizzle
 //   "tile":          0 wide (the default tiles), 1 narrow (smaller tiles; see bwd_traits.cuh)
 //   "schedule":      0 two_barriers (the default), 1 one_barrier (wide tile only)
+//   "layout":        0 auto (the default: p_smem at d = 128 where it fits, else p_regs),
+//                    1 p_regs, 2 p_smem (wide tile, two_barriers, no ablation only)
 void set_option(const std::string& name, int64_t value) {
   Options o = current_options();
   if (name == "deterministic") {
@@ -64,9 +66,14 @@ void set_option(const std::string& name, int64_t value) {
       throw std::invalid_argument(std::string(kStageName) + ": schedule = " + std::to_string(value) +
                                   " is not 0 (two_barriers) or 1 (one_barrier)");
     o.schedule = Schedule(value);
+  } else if (name == "layout") {
+    if (value < 0 || value > 2)
+      throw std::invalid_argument(std::string(kStageName) + ": layout = " + std::to_string(value) +
+                                  " is not 0 (auto), 1 (p_regs) or 2 (p_smem)");
+    o.layout = WarpLayout(value);
   } else {
     throw std::invalid_argument(std::string(kStageName) + ": no option named '" + name +
-                                "' (options: deterministic, ablation, tile, schedule)");
+                                "' (options: deterministic, ablation, tile, schedule, layout)");
   }
   set_options(o);
 }
@@ -77,8 +84,9 @@ int64_t get_counter(const std::string& name) {
   if (name == "ablation") return int64_t(o.ablation);
   if (name == "tile") return int64_t(o.tile);
   if (name == "schedule") return int64_t(o.schedule);
+  if (name == "layout") return int64_t(o.layout);
   throw std::invalid_argument(std::string(kStageName) + ": no counter named '" + name +
-                              "' (counters: deterministic, ablation, tile, schedule)");
+                              "' (counters: deterministic, ablation, tile, schedule, layout)");
 }
 
 }  // namespace
@@ -132,6 +140,15 @@ StageInfo info() {
            "--schedule", [](const std::string& v) { set_option("schedule", v == schedule_names()[1] ? 1 : 0); },
            "dK/dV loop: two_barriers (default) or one_barrier per query tile (dSᵀ double-buffered; wide tile)")
         ->check(CLI::IsMember(schedule_names()));
+    app.add_option_function<std::string>(
+           "--layout",
+           [](const std::string& v) {
+             const auto& names = layout_names();
+             set_option("layout", std::find(names.begin(), names.end(), v) - names.begin());
+           },
+           "dK/dV warp layout: auto (default: p_smem at d = 128, else p_regs), p_regs (Pᵀ, dSᵀ in registers) "
+           "or p_smem (warps 4 × 2, Pᵀ and dSᵀ through shared memory; wide tile, two_barriers)")
+        ->check(CLI::IsMember(layout_names()));
   };
   s.report = [](const Problem& p, Dtype t) { return launch_report(p, t, have_gpu()); };
   s.set_option = set_option;

@@ -14,7 +14,8 @@
 //
 // Algorithm (FlashAttention-2, Algorithm 2), three kernels:
 //   preprocess:  D = rowsum(dO∘O), L2 = L·log2(e) per query row (fp32)      [N_q] each
-//   dK/dV, one block per (batch, kv head, key tile j); warp w owns 16 keys of the tile:
+//   dK/dV, one block per (batch, kv head, key tile j); warp w owns 16 keys of the tile
+//   (layout p_regs; layout p_smem, the default at d = 128: 32 keys, see below):
 //     K_j, V_j → shared memory, once;  dK_j = dV_j = 0 (registers, fp32)
 //     for each query head of the group, for each query tile i that sees a key of j:
 //       Q_i, dO_i, L2_i, D_i → shared memory (cp.async, one step ahead)
@@ -26,17 +27,26 @@
 //   (deterministic: the dK/dV kernel skips dQ; a dQ kernel per query tile i loops over
 //    key tiles j: S = Q_i K_jᵀ, P, dP = dO_i V_jᵀ, dS, dQ_i += dS K_j in registers)
 //
+// Warp layouts (option --layout, bwd_traits.cuh): p_regs, as above, keeps Pᵀ and dSᵀ in
+// the registers of the warp that owns their keys, but every warp reads all of Q_i and dO_i
+// twice per step. p_smem (FlashAttention-2's own) splits the warps 4 (keys) × 2: Sᵀ, dPᵀ
+// in 32-key × B_r/2-query blocks; Pᵀ, dSᵀ → shared memory; one barrier; dV_j, dK_j in
+// 32-key × d/2 blocks from those tiles. Less shared memory is read per step. Layout auto
+// (the default) runs p_smem at d = 128 and p_regs at d = 64, the faster of the two at each
+// on the H200 (README.md, "Two warp layouts").
+//
 // Layout: Q, O, dO, dQ [batch][heads][N_q][d]; K, V, dK, dV [batch][kv_heads][N_k][d];
 // L [batch][heads][N_q] (DESIGN §3). Query head h reads kv head h / (heads / kv_heads);
 // dK, dV of a kv head sum its query heads. 64-bit offsets.
 // Limits: bf16 and f16; d ∈ {64, 128}; pointers 16-byte aligned (L: 4); sm_80+; any
 // seq_q, seq_k ≥ 0. Scratch: (2 + d)·N_q fp32 per (batch, head), d·N_q of it only with
 // atomics, from a stream-ordered memory pool (see "Scratch memory" below).
-// The pieces: bwd_traits.cuh (tile sizes), warp_gemm.cuh (the three product shapes),
+// The pieces: bwd_traits.cuh (tile sizes), warp_gemm.cuh (the four product shapes),
 // bwd_tile_index.h (which query tiles a key tile meets), and stage 08's mma.cuh,
 // smem_tiles.cuh, masking.cuh, softmax.cuh (fast_exp2), tile_index.h.
 // Run:    ./build/stages/09_tensor_core_bwd/stage09 --seq-q 4096 --seq-k 4096 --heads 16 --head-dim 128 --backward --bench
 //         ... --deterministic     (dQ by a second pass: bitwise reproducible)
+//         ... --layout p_regs     (force one warp layout of the dK/dV kernel: p_regs or p_smem)
 #include "tensor_core_bwd.h"
 
 #include <cuda_bf16.h>
@@ -165,11 +175,57 @@ __global__ void preprocess_kernel(const BwdParams p) {
 // ======================================================================================
 // 2. The dK/dV kernel (and, in atomic mode, the dQ contributions)
 // ======================================================================================
+//
+// Two element-wise steps first, on a warp's block of Sᵀ (or dPᵀ): [16·kM keys, 8·kN
+// queries] in C fragments, whose first query column is `L2[0]`, `D[0]` of the step's
+// row statistics. Both warp layouts call them: in layout p_regs the block spans all B_r
+// queries of the step, in layout p_smem the warp's kQueriesPerWarp of them.
+
+//! [p from scores]
+/// Pᵀ = 2^{Sᵀ·scale·log2(e) − L2}, in Sᵀ's registers.
+template <int kM, int kN>
+__device__ __forceinline__ void recompute_p(float (&St)[kM][kN][4], const float* L2, float scale_log2, int lane) {
+  // LAB BEGIN: recompute P — hint: Pᵀ[key][q] = 2^{Sᵀ[key][q]·scale·log2(e) − L2[q]}, where this thread's column of register r of n8 tile nt is q = 8nt + 2t + r % 2 (t = lane % 4)
+  // P_ij = e^{scale·S_ij − L_i} = 2^{S_ij·scale·log2(e) − L2_i}: normalised already,
+  // because L_i is the log of row i's softmax denominator. One FFMA and one ex2 per
+  // score. A masked score (−inf) gives 0; L2 is never −inf (preprocess), so never NaN.
+  const int t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) {
+    const float2 l2 = *reinterpret_cast<const float2*>(L2 + 8 * nt + 2 * t);  // columns 2t, 2t+1
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) St[mi][nt][r] = fast_exp2(fmaf(St[mi][nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
+  }
+  // LAB END
+}
+
+/// dSᵀ = Pᵀ∘(dPᵀ − D), in dPᵀ's registers (dPᵀ is dead once dS exists).
+template <int kM, int kN>
+__device__ __forceinline__ void ds_from_dp(float (&dPt)[kM][kN][4], const float (&Pt)[kM][kN][4], const float* D,
+                                           int lane) {
+  // LAB BEGIN: dS — hint: dSᵀ[key][q] = Pᵀ[key][q]·(dPᵀ[key][q] − D[q]), in place of dPᵀ; columns as in "recompute P"
+  // dS_ij = P_ij·(dP_ij − D_i), D_i = rowsum(dO∘O)_i (the preprocess).
+  const int t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) {
+    const float2 Dq = *reinterpret_cast<const float2*>(D + 8 * nt + 2 * t);  // columns 2t, 2t+1
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dPt[mi][nt][r] = Pt[mi][nt][r] * (dPt[mi][nt][r] - (r % 2 ? Dq.y : Dq.x));
+  }
+  // LAB END
+}
+//! [p from scores]
 
 template <class Tr, class Elem, bool kAtomicDq>
 __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p) {
   constexpr int d = Tr::kHeadDim, B_r = Tr::kBlockM, B_c = Tr::kBlockN, kStages = Tr::kStages;
-  constexpr int kKT = Tr::kKeyTiles;  // m16 tiles of keys per warp
+  constexpr int kKT = Tr::kKeyTiles;        // m16 tiles of keys per warp
+  constexpr int kQW = Tr::kQueriesPerWarp;  // queries of the warp's block of Sᵀ (B_r in p_regs)
+  constexpr int kDW = Tr::kColsPerWarp;     // columns of the warp's block of dK_j, dV_j (d in p_regs)
   constexpr SmemLayout kLayout = Tr::kLayout;
   // The schedule of "pipeline step". Without the atomics there is no dSᵀ hand-over, so
   // the default schedule has one barrier per step already and is kept.
@@ -178,7 +234,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment coordinates (stage 08, mma.cuh)
-  const int warp_key0 = warp * Tr::kKeysPerWarp;  // this warp's first key in the tile
+  // The warp's place in the kWarpsKeys × kWarpsSplit grid (bwd_traits.cuh): its keys in
+  // the tile, its query columns of Sᵀ, dPᵀ, dSᵀ, its columns of dK_j, dV_j. In layout
+  // p_regs (kWarpsSplit = 1) every warp has all B_r queries and all d columns (both 0).
+  const int warp_key0 = Tr::warp_key0(warp);  // this warp's first key in the tile
+  const int warp_q0 = Tr::warp_q0(warp);      // its first query column of Sᵀ
+  const int warp_col0 = Tr::warp_col0(warp);  // its first column of dK_j, dV_j
 
   //! [block to key tile]
   // Which (batch, kv head, key tile j) this block owns. j varies fastest, so the blocks
@@ -203,7 +264,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
   const uint32_t sK = smem_u32(smem + Tr::kOffK), sV = smem_u32(smem + Tr::kOffV);
   const uint32_t sQ = smem_u32(smem + Tr::kOffQ), sdO = smem_u32(smem + Tr::kOffdO);
-  const uint32_t sdS = smem_u32(smem + Tr::kOffdS);
+  const uint32_t sdS = smem_u32(smem + Tr::kOffdS), sP = smem_u32(smem + Tr::kOffP);
   const uint32_t sL2 = smem_u32(smem + Tr::kOffL2), sD = smem_u32(smem + Tr::kOffD);
 
   //! [load a step]
@@ -241,12 +302,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   }
   //! [load a step]
 
-  // This warp's rows of K_j and V_j: the A operands of Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ.
+  // This warp's rows of K_j and V_j: the A operands of Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ;
+  // and (p_smem) its rows of the Pᵀ and dSᵀ tiles: the A operands of dV_j and dK_j.
   const uint32_t sK_warp = sK + 2u * warp_key0 * smem_row_stride(d, kLayout);
   const uint32_t sV_warp = sV + 2u * warp_key0 * smem_row_stride(d, kLayout);
+  const uint32_t sP_warp = sP + 2u * warp_key0 * smem_row_stride(B_r, kLayout);
+  const uint32_t sdS_warp = sdS + 2u * warp_key0 * smem_row_stride(B_r, kLayout);
 
-  float dK_acc[kKT][d / 8][4];  // [16·kKT keys, d] this warp's rows of dK_j, fp32
-  float dV_acc[kKT][d / 8][4];  // [16·kKT keys, d] this warp's rows of dV_j, fp32
+  float dK_acc[kKT][kDW / 8][4];  // [16·kKT keys, kDW] this warp's block of dK_j, fp32
+  float dV_acc[kKT][kDW / 8][4];  // [16·kKT keys, kDW] this warp's block of dV_j, fp32
   zero(dK_acc);
   zero(dV_acc);
 
@@ -259,7 +323,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
     if constexpr (!kOneBarrier) {
       cp_async_wait<0>();  // this thread's copies of step `step` (and of K_j, V_j) landed
       __syncthreads();     // ... everyone's; and every warp is done with step − 1, so its
-                           // buffer and the dSᵀ tile may be overwritten
+                           // buffer and the dSᵀ (p_smem: and Pᵀ) tile may be overwritten
       if constexpr (kStages == 2)
         if (step + 1 < n_steps) load_step(step + 1, buf ^ 1);  // travels while we compute
     }
@@ -267,97 +331,100 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
     const uint32_t sQ_i = sQ + buf * Tr::kQTileBytes, sdO_i = sdO + buf * Tr::kQTileBytes;
 
-    //! [recompute P]
-    // Sᵀ = K_j Q_iᵀ: [16·kKT keys, B_r queries] per warp, C fragments. Keys are the rows
-    // here (the transpose of stage 08's S), so each warp's Pᵀ and dSᵀ are already the A
-    // operands of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i, in its own registers.
-    float St[kKT][B_r / 8][4];
-    zero(St);
-    gemm_abt<Elem, kKT, B_r / 8, d / 16, d, d, kLayout>(St, sK_warp, sQ_i, lane);
+    // dPᵀ = V_j dO_iᵀ: [16·kKT keys, kQW queries], the same shape of product as Sᵀ below
+    // (B: the warp's kQW rows of dO_i). Layout p_smem computes it first, p_regs after
+    // dV_j: each order is the one the compiler spills fewer registers with in its layout.
+    const uint32_t sdO_warp = sdO_i + 2u * warp_q0 * smem_row_stride(d, kLayout);
+    float dPt[kKT][kQW / 8][4];
+    const auto dp_product = [&] {
+      zero(dPt);
+      gemm_abt<Elem, kKT, kQW / 8, d / 16, d, d, kLayout>(dPt, sV_warp, sdO_warp, lane);
+    };
+    if constexpr (Tr::kPInSmem) dp_product();
 
-    // Diagonal and ragged tiles only: a score the mask removes becomes −inf.
+    //! [recompute P]
+    // Sᵀ = K_j Q_iᵀ: this warp's [16·kKT keys, kQW queries] block, C fragments; B is the
+    // warp's kQW rows of Q_i. Keys are the rows here (the transpose of stage 08's S). In
+    // layout p_regs the block spans all B_r queries, so the warp's Pᵀ and dSᵀ are already
+    // the A operands of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i, in its own registers.
+    const uint32_t sQ_warp = sQ_i + 2u * warp_q0 * smem_row_stride(d, kLayout);
+    float St[kKT][kQW / 8][4];
+    zero(St);
+    gemm_abt<Elem, kKT, kQW / 8, d / 16, d, d, kLayout>(St, sK_warp, sQ_warp, lane);
+
+    // Diagonal and ragged tiles only: a score the mask removes becomes −inf. The warp's
+    // block is masked as a query tile of its own: kQW queries from q0 + warp_q0.
     if (range.masked(i)) {
       stage08::mask_fragments(St, lane, [&](int r) {
-        const QueryColumns c = visible_query_columns(key0 + warp_key0 + r, q0, B_r, p.seq_q, p.seq_k, p.causal);
+        const QueryColumns c =
+            visible_query_columns(key0 + warp_key0 + r, q0 + warp_q0, kQW, p.seq_q, p.seq_k, p.causal);
         return stage08::ColumnRange{c.begin, c.end};
       });
     }
 
-    // LAB BEGIN: recompute P — hint: Pᵀ[key][q] = 2^{Sᵀ[key][q]·scale·log2(e) − L2_i[q]}, where this thread's column of register r of n8 tile nt is q = 8nt + 2t + r % 2
-    // P_ij = e^{scale·S_ij − L_i} = 2^{S_ij·scale·log2(e) − L2_i}: normalised already,
-    // because L_i is the log of row i's softmax denominator. One FFMA and one ex2 per
-    // score. A masked score (−inf) gives 0; L2 is never −inf (preprocess), so never NaN.
+    // Pᵀ = 2^{Sᵀ·scale·log2(e) − L2_i}, with L2_i of the warp's query columns.
     const float* L2_i = reinterpret_cast<const float*>(smem + Tr::kOffL2) + buf * B_r;  // [B_r]
-#pragma unroll
-    for (int nt = 0; nt < B_r / 8; ++nt) {
-      const float2 l2 = *reinterpret_cast<const float2*>(L2_i + 8 * nt + 2 * t);  // columns 2t, 2t+1
-#pragma unroll
-      for (int mi = 0; mi < kKT; ++mi)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          St[mi][nt][r] = fast_exp2(fmaf(St[mi][nt][r], p.scale_log2, -(r % 2 ? l2.y : l2.x)));
-    }
-    // LAB END
+    recompute_p(St, L2_i + warp_q0, p.scale_log2, lane);
     //! [recompute P]
 
     //! [dV dP dS dK]
-    // dV_j += Pᵀ dO_i: [16·kKT, d] += [16·kKT, B_r]·[B_r, d]. Pᵀ is rounded to Elem in
-    // registers; dO_i is stored [query][d] = B stored [k][n]: ldmatrix.trans.
-    gemm_acc_b<Elem, kKT, d / 8, B_r / 16, d, kLayout>(dV_acc, St, sdO_i, lane);
-
-    // dPᵀ = V_j dO_iᵀ: [16·kKT, B_r], the same shape of product as Sᵀ.
-    float dPt[kKT][B_r / 8][4];
-    zero(dPt);
-    gemm_abt<Elem, kKT, B_r / 8, d / 16, d, d, kLayout>(dPt, sV_warp, sdO_i, lane);
-
-    // LAB BEGIN: dS — hint: dSᵀ[key][q] = Pᵀ[key][q]·(dPᵀ[key][q] − D_i[q]), in place of dPᵀ
-    // dS_ij = P_ij·(dP_ij − D_i), kept in dPᵀ's registers (dPᵀ is dead once dS exists).
-    const float* D_i = reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * B_r;  // [B_r]
-#pragma unroll
-    for (int nt = 0; nt < B_r / 8; ++nt) {
-      const float2 Dq = *reinterpret_cast<const float2*>(D_i + 8 * nt + 2 * t);
-#pragma unroll
-      for (int mi = 0; mi < kKT; ++mi)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dPt[mi][nt][r] = St[mi][nt][r] * (dPt[mi][nt][r] - (r % 2 ? Dq.y : Dq.x));
+    if constexpr (!Tr::kPInSmem) {
+      // dV_j += Pᵀ dO_i: [16·kKT, d] += [16·kKT, B_r]·[B_r, d]. Pᵀ is rounded to Elem in
+      // registers; dO_i is stored [query][d] = B stored [k][n]: ldmatrix.trans.
+      gemm_acc_b<Elem, kKT, d / 8, B_r / 16, d, kLayout>(dV_acc, St, sdO_i, lane);
+      dp_product();  // dPᵀ = V_j dO_iᵀ (see above)
+    } else {
+      // p_smem: the warp holds only kQW of the B_r queries that dV_j's rows sum over, so
+      // Pᵀ goes to its tile [B_c, B_r] as Elem (the value the MMA would round it to).
+      store_c_fragments<Elem, B_r, kLayout>(reinterpret_cast<Elem*>(smem + Tr::kOffP), St, warp_key0, warp_q0, lane);
     }
-    // LAB END
 
-    // dK_j += dSᵀ Q_i (the factor scale is applied once, when dK_j is written).
-    gemm_acc_b<Elem, kKT, d / 8, B_r / 16, d, kLayout>(dK_acc, dPt, sQ_i, lane);
+    // dSᵀ = Pᵀ∘(dPᵀ − D_i), in dPᵀ's registers.
+    const float* D_i = reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * B_r;  // [B_r]
+    ds_from_dp(dPt, St, D_i + warp_q0, lane);
+
+    if constexpr (!Tr::kPInSmem) {
+      // dK_j += dSᵀ Q_i (the factor scale is applied once, when dK_j is written).
+      gemm_acc_b<Elem, kKT, d / 8, B_r / 16, d, kLayout>(dK_acc, dPt, sQ_i, lane);
+    } else {
+      // dSᵀ → its tile, as Pᵀ above; it serves dK_j here and the dQ product below.
+      store_c_fragments<Elem, B_r, kLayout>(reinterpret_cast<Elem*>(smem + Tr::kOffdS), dPt, warp_key0, warp_q0,
+                                            lane);
+      __syncthreads();  // the Pᵀ and dSᵀ tiles are complete: a warp's rows of them were
+                        // written by the kWarpsSplit warps that share its keys. The next
+                        // step's first barrier keeps them until every warp is done.
+      // The warps re-form over [B_c, d]: the same keys, and columns warp_col0.. of dK_j,
+      // dV_j, summed over all B_r queries. A = the warp's rows of the Pᵀ (dSᵀ) tile,
+      // [key][query] = A stored [m][k]; B = dO_i (Q_i), [query][d] = B stored [k][n].
+      // dV_j += Pᵀ dO_i, then dK_j += dSᵀ Q_i.
+      gemm_ab<Elem, kKT, kDW / 8, B_r / 16, B_r, d, kLayout>(dV_acc, sP_warp, sdO_i, warp_col0, lane);
+      gemm_ab<Elem, kKT, kDW / 8, B_r / 16, B_r, d, kLayout>(dK_acc, sdS_warp, sQ_i, warp_col0, lane);
+    }
     //! [dV dP dS dK]
 
     if constexpr (kAtomicDq) {
       //! [dQ atomics]
-      // dQ_i += dS K_j sums over the keys of the tile, which are spread over all warps:
-      // the warps hand dSᵀ over through shared memory, as Elem (the value the MMA would
-      // round it to anyway). Thread (g, t) holds keys g, 8+g and queries 2t, 2t+1 of each
-      // m16n8 piece: one 32-bit store per pair.
       const int ds_buf = kOneBarrier ? buf : 0;
-      Elem* dS_smem = reinterpret_cast<Elem*>(smem + Tr::kOffdS + ds_buf * Tr::kDsTileBytes);
-#pragma unroll
-      for (int mi = 0; mi < kKT; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < B_r / 8; ++nt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int key = warp_key0 + 16 * mi + g + 8 * h;  // row of dSᵀ; query 8nt + 2t: chunk nt, element 2t
-            *reinterpret_cast<uint32_t*>(dS_smem + smem_offset(key, nt, B_r, kLayout) + 2 * t) =
-                pack_pair<Elem>(dPt[mi][nt][2 * h], dPt[mi][nt][2 * h + 1]);
-          }
-      if constexpr (kOneBarrier) {
-        //! [one barrier]
-        // The step's only barrier. Before it: this step's dSᵀ stores and the copies of
-        // step + 1 (issued one step ago) by every thread. After it: every warp is done
-        // with Q_i, dO_i, L2_i, D_i (the dQ product below reads only dSᵀ and K_j), so
-        // step + 2 may be loaded into their buffer; and step + 1 writes the other dSᵀ
-        // tile, whose readers (the dQ product of step − 1) all passed this barrier.
-        cp_async_wait<0>();
-        __syncthreads();
-        if (step + 2 < n_steps) load_step(step + 2, buf);
-        //! [one barrier]
-      } else {
-        __syncthreads();  // all of dSᵀ [B_c, B_r] is in shared memory
+      if constexpr (!Tr::kPInSmem) {
+        // dQ_i += dS K_j sums over the keys of the tile, which are spread over all warps:
+        // the warps hand dSᵀ over through shared memory, as Elem (the value the MMA would
+        // round it to anyway). (Layout p_smem wrote and published the tile above.)
+        store_c_fragments<Elem, B_r, kLayout>(reinterpret_cast<Elem*>(smem + Tr::kOffdS + ds_buf * Tr::kDsTileBytes),
+                                              dPt, warp_key0, 0, lane);
+        if constexpr (kOneBarrier) {
+          //! [one barrier]
+          // The step's only barrier. Before it: this step's dSᵀ stores and the copies of
+          // step + 1 (issued one step ago) by every thread. After it: every warp is done
+          // with Q_i, dO_i, L2_i, D_i (the dQ product below reads only dSᵀ and K_j), so
+          // step + 2 may be loaded into their buffer; and step + 1 writes the other dSᵀ
+          // tile, whose readers (the dQ product of step − 1) all passed this barrier.
+          cp_async_wait<0>();
+          __syncthreads();
+          if (step + 2 < n_steps) load_step(step + 2, buf);
+          //! [one barrier]
+        } else {
+          __syncthreads();  // all of dSᵀ [B_c, B_r] is in shared memory
+        }
       }
 
       // dQ_i (partial, this key tile) = dS K_j: [B_r, d] = [B_r, B_c]·[B_c, d], the warps
@@ -409,14 +476,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   __syncthreads();     // every warp is done reading K_j (the dQ product reads all of it)
   Elem* dK_smem = reinterpret_cast<Elem*>(smem + Tr::kOffK);
   Elem* dV_smem = reinterpret_cast<Elem*>(smem + Tr::kOffV);
+  // Each warp writes its block: keys warp_key0.., columns warp_col0.. (all d in p_regs).
+  // (One loop for both tiles, as before layout p_smem existed: two store_c_fragments calls
+  // compile p_regs differently, with a few more spills at d = 64.)
 #pragma unroll
   for (int mi = 0; mi < kKT; ++mi)
 #pragma unroll
-    for (int dt = 0; dt < d / 8; ++dt)
+    for (int dt = 0; dt < kDW / 8; ++dt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int key = warp_key0 + 16 * mi + g + 8 * h;  // column 8dt + 2t: chunk dt, element 2t
-        const int at = smem_offset(key, dt, d, kLayout) + 2 * t;
+        // Column warp_col0 + 8dt + 2t: chunk warp_col0/8 + dt, element 2t.
+        const int key = warp_key0 + 16 * mi + g + 8 * h;
+        const int at = smem_offset(key, warp_col0 / 8 + dt, d, kLayout) + 2 * t;
         *reinterpret_cast<uint32_t*>(dK_smem + at) =
             pack_pair<Elem>(p.scale * dK_acc[mi][dt][2 * h], p.scale * dK_acc[mi][dt][2 * h + 1]);
         *reinterpret_cast<uint32_t*>(dV_smem + at) = pack_pair<Elem>(dV_acc[mi][dt][2 * h], dV_acc[mi][dt][2 * h + 1]);
@@ -657,6 +728,24 @@ template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, Fn&& fn) {
   using Tiles = DefaultTiles<kHeadDim>;
   using Dq = TypeTag<typename Tiles::Dq>;
+  // Layout auto takes p_smem where the tuning sweep measured it faster (d = 128: +3–5 %;
+  // at d = 64 it was 5 % slower) and where it is built (the wide tile, schedule
+  // two_barriers, no ablation); p_regs everywhere else.
+  const bool p_smem_fits = o.schedule == Schedule::TwoBarriers && o.tile == Tile::Wide && o.ablation == Ablation::None;
+  if (o.layout == WarpLayout::Auto && kHeadDim == 128 && p_smem_fits) {
+    fn(TypeTag<typename Tiles::DkDvPSmem>{}, Dq{});
+    return;
+  }
+  if (o.layout == WarpLayout::PSmem) {
+    if (!p_smem_fits)
+      throw std::invalid_argument(
+          std::string(kStageName) +
+          ": layout p_smem is built on the wide tile with schedule two_barriers and no ablation only (asked: " +
+          "tile " + tile_names()[size_t(o.tile)] + ", schedule " + schedule_names()[size_t(o.schedule)] +
+          ", ablation " + ablation_names()[size_t(o.ablation)] + "); use layout p_regs for those");
+    fn(TypeTag<typename Tiles::DkDvPSmem>{}, Dq{});
+    return;
+  }
   if (o.schedule == Schedule::OneBarrier) {
     if (o.tile != Tile::Wide || o.ablation != Ablation::None)
       throw std::invalid_argument(std::string(kStageName) +
@@ -786,6 +875,7 @@ std::atomic<bool> g_deterministic{false};
 std::atomic<int> g_ablation{0};
 std::atomic<int> g_tile{0};
 std::atomic<int> g_schedule{0};
+std::atomic<int> g_layout{0};
 
 }  // namespace
 
@@ -821,12 +911,18 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+const std::vector<std::string>& layout_names() {
+  static const std::vector<std::string> names{"auto", "p_regs", "p_smem"};
+  return names;
+}
+
 Options current_options() {
   Options o;
   o.deterministic = g_deterministic.load();
   o.ablation = Ablation(g_ablation.load());
   o.tile = Tile(g_tile.load());
   o.schedule = Schedule(g_schedule.load());
+  o.layout = WarpLayout(g_layout.load());
   return o;
 }
 
@@ -835,6 +931,7 @@ void set_options(const Options& o) {
   g_ablation = int(o.ablation);
   g_tile = int(o.tile);
   g_schedule = int(o.schedule);
+  g_layout = int(o.layout);
 }
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
@@ -898,7 +995,14 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
          << DkDv::kKeysPerWarp << "), B_r=" << DkDv::kBlockM << " query rows per step, " << DkDv::kStages
          << " Q/dO stage(s), "
          << (DkDv::kLayout == SmemLayout::Swizzled ? "swizzled" : DkDv::kLayout == SmemLayout::Padded ? "padded" : "plain")
-         << " smem, " << (o.deterministic || DkDv::kDsBuffers == 2 ? "one barrier" : "two barriers") << " per step";
+         << " smem, "
+         << ((o.deterministic || DkDv::kDsBuffers == 2) && !DkDv::kPInSmem ? "one barrier" : "two barriers")
+         << " per step";
+    if (DkDv::kPInSmem)
+      tile << "; layout p_smem: warp grid " << DkDv::kWarpsKeys << " (keys) x " << DkDv::kWarpsSplit
+           << " (queries of Sᵀ, dPᵀ; columns of dK, dV), Pᵀ and dSᵀ through shared memory";
+    else
+      tile << "; layout p_regs: Pᵀ and dSᵀ in registers";
     if (o.deterministic)
       dq << "deterministic: a second kernel, B_r=" << Dq::kBlockM << " rows per block (" << Dq::kWarps
          << " warps), B_c=" << Dq::kBlockN << " keys per step";

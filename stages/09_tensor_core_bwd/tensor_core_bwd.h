@@ -46,6 +46,17 @@ enum class Schedule {
 /// "two_barriers", "one_barrier".
 const std::vector<std::string>& schedule_names();
 
+/// How the dK/dV kernel's warps share the work of a step (wide tile, two_barriers schedule
+/// only; see bwd_traits.cuh, DkDvTraits::kWarpsKeys, and the notes, "Two warp layouts").
+enum class WarpLayout {
+  Auto = 0,   ///< the default: PSmem at d = 128 (where it was measured faster) when the
+              ///< options allow it (wide tile, two_barriers, no ablation), PRegs otherwise
+  PRegs = 1,  ///< a warp owns 16 keys × all queries; Pᵀ, dSᵀ stay in its registers
+  PSmem = 2,  ///< warps 4 (keys) × 2; Pᵀ, dSᵀ go through shared memory (+16/32 KB smem)
+};
+/// "auto", "p_regs", "p_smem".
+const std::vector<std::string>& layout_names();
+
 /// What a backward call runs.
 struct Options {
   /// false: dQ_i += dS K_j by fp32 atomicAdd from the dK/dV kernel into a scratch buffer,
@@ -57,10 +68,11 @@ struct Options {
   Ablation ablation = Ablation::None;  ///< built on the wide tile, bf16 only
   Tile tile = Tile::Wide;
   Schedule schedule = Schedule::TwoBarriers;  ///< OneBarrier: wide tile, no ablation
+  WarpLayout layout = WarpLayout::Auto;       ///< PSmem: wide tile, two_barriers, no ablation
 };
 /// The options `backward` uses when none are given; the stage's command-line flags
-/// (--deterministic, --ablation, --tile, --schedule) and
-/// set_option("deterministic" | "ablation" | "tile" | "schedule")
+/// (--deterministic, --ablation, --tile, --schedule, --layout) and
+/// set_option("deterministic" | "ablation" | "tile" | "schedule" | "layout")
 /// change them.
 Options current_options();
 void set_options(const Options& o);

@@ -1,8 +1,9 @@
 // Stage 09: the three shapes of warp-level matrix product the backward is made of.
 //
 // The forward (stage 08) has two products per tile, S = Q Kᵀ and O += P V. The backward
-// has five, and they come in three operand arrangements. Each function below is one
-// arrangement, written once and used wherever it occurs:
+// has five, and they come in three operand arrangements (four with the p_smem warp
+// layout). Each function below is one arrangement, written once and used wherever it
+// occurs:
 //
 //   gemm_abt    C += A·Bᵀ    A [m][k] and B [n][k], both row-major in shared memory
 //                            (ldmatrix; A pattern X, B pattern Y — mma.cuh).
@@ -15,8 +16,11 @@
 //   gemm_atb    C += Aᵀ·B    A stored transposed, [k][m], and B [k][n], both in shared
 //                            memory, both through ldmatrix.trans (A pattern Y, B pattern X).
 //                            dQ_i = dS K_j from the dSᵀ tile the dK/dV kernel wrote.
+//   gemm_ab     C += A·B     A [m][k] and B [k][n], both in shared memory (A: ldmatrix,
+//                            pattern X; B: ldmatrix.trans, pattern X). Layout p_smem only:
+//                            dV += Pᵀ dO_i, dK += dSᵀ Q_i from the Pᵀ and dSᵀ tiles.
 //
-// All three take C as C fragments acc[kM][kN][4]: a [16·kM, 8·kN] block of the warp,
+// All four take C as C fragments acc[kM][kN][4]: a [16·kM, 8·kN] block of the warp,
 // fp32, thread (g, t) holding rows g, 8+g and columns 2t, 2t+1 of each m16n8 piece.
 // kK counts k16 steps. A tile in shared memory is [rows][kLd] 16-bit elements laid out by
 // stage 08's smem_offset (swizzled, padded or plain), so one function serves every tile
@@ -131,6 +135,63 @@ __device__ __forceinline__ void gemm_atb(float (&acc)[kM][kN][4], uint32_t sA, i
       }
     }
   }
+}
+
+/// acc += A·B over k columns [0, 16·kK) of A: A stored [m][k] (`sA` is the shared address
+/// of the warp's first row, a multiple of 8 rows into its tile; 16·kM rows used), B stored
+/// [k][n] (rows [0, 16·kK) of the tile at `sB`; the warp's 8·kN columns start at `b_col0`,
+/// a multiple of 16).
+///
+/// A is walked as in gemm_abt (block columns known at compile time: LdsmLane); B as in
+/// gemm_atb (a run-time first column: one address per 16-column block, computed once, then
+/// 16 rows' worth of bytes per k16 step).
+template <class Elem, int kM, int kN, int kK, int kLdA, int kLdB, SmemLayout kLayout>
+__device__ __forceinline__ void gemm_ab(float (&acc)[kM][kN][4], uint32_t sA, uint32_t sB, int b_col0, int lane) {
+  static_assert(kN % 2 == 0, "B is loaded 16 columns (two n8 tiles) at a time");
+  constexpr uint32_t kBRowBlockBytes = 2u * 16u * uint32_t(stage08::smem_row_stride(kLdB, kLayout));
+  const LdsmLane<kLdA, kLayout> a_lane(stage08::ldsm_row_x(lane), stage08::ldsm_chunk_x(lane));
+  uint32_t b_addr[kN / 2];  // this lane's row of each 16×16 block of B in k rows 0..15
+#pragma unroll
+  for (int np = 0; np < kN / 2; ++np)
+    b_addr[np] = stage08::tile_address<kLdB, kLayout>(
+        sB, stage08::ldsm_row_x(lane), b_col0 / 8 + 2 * np + stage08::ldsm_chunk_x(lane));
+#pragma unroll
+  for (int kk = 0; kk < kK; ++kk) {
+    uint32_t a[kM][4];  // A rows 16mi.., columns 16kk..16kk+15
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi) stage08::ldmatrix_x4(a[mi], a_lane(sA, mi, kk));
+#pragma unroll
+    for (int np = 0; np < kN / 2; ++np) {
+      uint32_t b[4];  // {b0, b1} of B columns 16np..16np+7, {b0, b1} of 16np+8..16np+15
+      stage08::ldmatrix_x4_trans(b, b_addr[np] + kk * kBRowBlockBytes);
+#pragma unroll
+      for (int mi = 0; mi < kM; ++mi) {
+        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
+        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// The way back: `scale`·acc, a warp's C fragments [16·kM, 8·kN], rounded to Elem into rows
+/// row0.., columns col0.. (a multiple of 8) of a shared tile [rows][kLd]. Thread (g, t)
+/// holds rows g, 8+g and columns 2t, 2t+1 of each m16n8 piece: one 32-bit store per pair,
+/// in chunk col0/8 + nt, at element 2t. The 8 rows of a store lie in 8 different slots of
+/// the swizzled layout, so the 32 lanes hit 32 different banks.
+template <class Elem, int kLd, SmemLayout kLayout, int kM, int kN>
+__device__ __forceinline__ void store_c_fragments(Elem* tile, const float (&acc)[kM][kN][4], int row0, int col0,
+                                                  int lane, float scale = 1.0f) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 16 * mi + g + 8 * h;
+        *reinterpret_cast<uint32_t*>(tile + stage08::smem_offset(row, col0 / 8 + nt, kLd, kLayout) + 2 * t) =
+            stage08::pack_pair<Elem>(scale * acc[mi][nt][2 * h], scale * acc[mi][nt][2 * h + 1]);
+      }
 }
 
 /// Sets a block of C fragments to zero.
