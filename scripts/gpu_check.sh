@@ -107,40 +107,78 @@ else
   t0=$SECONDS
   cap=$(share 50 90)
   tmp=$(mktemp -d)
-  pids=()
+  # One job: a program (or one of its test cases, by doctest's 1-based --first/--last index)
+  # under one tool; log and exit code land in $tmp/<job name>.{log,rc}.
+  sanitize() {  # prog tool job-name [test-case index]
+    local extra=()
+    [[ -n ${4:-} ]] && extra=(--first="$4" --last="$4")
+    (set +e
+     FA_TEST_SMALL=1 timeout -k 10 "$cap" compute-sanitizer --tool "$2" \
+       --error-exitcode 86 --print-limit 20 "$1" ${extra[@]+"${extra[@]}"} >"$tmp/$3.log" 2>&1
+     echo $? >"$tmp/$3.rc")
+  }
+  # memcheck and initcheck run each program whole. racecheck is several times slower (stage
+  # 09's tests take minutes under it), so it runs one process per test case; all jobs share
+  # a pool of one per CPU core, the long whole-program jobs started first.
+  slots=$JOBS
+  ((slots > 16)) && slots=16
+  declare -A pieces=()
+  jobs_list=()
   for prog in "${gpu_tests[@]}"; do
-    for tool in memcheck racecheck initcheck; do
-      name=$(basename "$prog")_$tool
-      (set +e
-       FA_TEST_SMALL=1 timeout -k 10 "$cap" compute-sanitizer --tool "$tool" \
-         --error-exitcode 86 --print-limit 20 "$prog" >"$tmp/$name.log" 2>&1
-       echo $? >"$tmp/$name.rc") &
-      pids+=($!)
-    done
+    base=$(basename "$prog")
+    jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
+    count=$(FA_TEST_SMALL=1 "$prog" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+" || true)
+    pieces[$base]=${count:-0}
   done
-  wait "${pids[@]}" || true
-  sane=1
   for prog in "${gpu_tests[@]}"; do
+    base=$(basename "$prog")
+    for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|racecheck|${base}_racecheck_$i|$i"); done
+  done
+  for job in "${jobs_list[@]}"; do
+    IFS='|' read -r prog tool name index <<<"$job"
+    while (($(jobs -rp | wc -l) >= slots)); do wait -n || true; done
+    sanitize "$prog" "$tool" "$name" "$index" &
+  done
+  wait || true
+  sane=1
+  sum_of() { local pattern=$1; shift; grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null | grep -Eo "[0-9]+$" | awk '{s += $1} END {print s + 0}'; }
+  for prog in "${gpu_tests[@]}"; do
+    base=$(basename "$prog")
     for tool in memcheck racecheck initcheck; do
-      name=$(basename "$prog")_$tool
-      rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo "?")
-      errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ error" "$tmp/$name.log" | grep -Eo "[0-9]+" | tail -1 || true)
-      hazards=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazard" "$tmp/$name.log" | grep -Eo "[0-9]+" | tail -1 || true)
-      tests=$(grep -E "test cases:" "$tmp/$name.log" | tail -1 | sed 's/\[doctest\] //; s/  */ /g' || true)
-      case $rc in
-        0) verdict=ok ;;
-        77) verdict="skipped (no GPU)" ;;
-        86) verdict="ERRORS"; sane=0 ;;
-        124|137) verdict="TIMED OUT (${cap}s)"; sane=0 ;;
-        *) verdict="FAILED (rc $rc)"; sane=0 ;;
-      esac
+      if [[ $tool == racecheck ]]; then
+        logs=()
+        for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_racecheck_$i"); done
+        tests="${pieces[$base]} test cases, one process each"
+      else
+        logs=("$tmp/${base}_$tool")
+        tests=$(grep -E "test cases:" "${logs[0]}.log" | tail -1 | sed 's/\[doctest\] //; s/  */ /g' || true)
+      fi
+      verdict=ok
+      ((${#logs[@]} == 0)) && verdict="NOT RUN (no test cases)" && sane=0
+      for log in "${logs[@]}"; do
+        rc=$(cat "$log.rc" 2>/dev/null || echo "?")
+        case $rc in
+          0) ;;
+          77) [[ $verdict == ok ]] && verdict="skipped (no GPU)" ;;
+          86) verdict="ERRORS"; sane=0 ;;
+          124|137) [[ $verdict != ERRORS ]] && verdict="TIMED OUT (${cap}s)"; sane=0 ;;
+          *) [[ $verdict == ok || $verdict == skipped* ]] && verdict="FAILED (rc $rc)"; sane=0 ;;
+        esac
+        {
+          echo "################ $(basename "$log") ($tool): rc $rc"
+          head -c 300000 "$log.log"
+          echo
+        } >>"$OUT/sanitizer.log"
+      done
+      errors=-
+      hazards=-
+      if [[ $tool == racecheck ]]; then
+        hazards=$(sum_of "RACECHECK SUMMARY:" "${logs[@]/%/.log}")
+      else
+        errors=$(sum_of "ERROR SUMMARY:" "${logs[@]/%/.log}")
+      fi
       sanitizer_rows+=("$(printf '%-16s %-10s errors %-4s hazards %-4s %-18s %s' \
-        "$(basename "$prog")" "$tool" "${errors:--}" "${hazards:--}" "$verdict" "$tests")")
-      {
-        echo "################ $(basename "$prog") / $tool: rc $rc ($verdict)"
-        head -c 2000000 "$tmp/$name.log"
-        echo
-      } >>"$OUT/sanitizer.log"
+        "$base" "$tool" "$errors" "$hazards" "$verdict" "$tests")")
     done
   done
   rm -rf "$tmp"
