@@ -514,14 +514,16 @@ def tune_sweep(bench, stages):
 
 
 def schedule_sweep(bench, stages):
-    """--schedule09: stage 09's two dK/dV loop schedules side by side, bf16, with sdpa_flash."""
-    lines = ["stage 09 schedules, bf16, batch·N = 16384, heads·d = 2048 (bwd TFLOP/s, ratio to sdpa_flash)"]
+    """--schedule09: stage 09's dK/dV loop schedules and warp layouts side by side, bf16,
+    with sdpa_flash."""
+    lines = ["stage 09 schedules and layouts, bf16, batch·N = 16384, heads·d = 2048 "
+             "(bwd TFLOP/s, ratio to sdpa_flash)"]
     for d in (64, 128):
         for n in (1024, 4096, 16384):
             for causal in (False, True):
                 r = bench.safe_point(stages, "bf16", 16384 // n, 2048 // d, n, d, causal,
                                      [("sdpa_flash", SDPBackend.FLASH_ATTENTION)],
-                                     variants=[("schedule", 1)])
+                                     variants=[("schedule", 1), ("layout", 1), ("layout", 2)])
                 flash = r["bwd"].get("sdpa_flash", (0, float("nan")))[1]
                 for impl, (ms, t) in sorted(r["bwd"].items()):
                     lines.append(f"bwd d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
@@ -549,7 +551,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
     ap.add_argument("--schedule09", action="store_true",
-                    help="only stage 09's two loop schedules against sdpa_flash")
+                    help="only stage 09's loop schedules and warp layouts against sdpa_flash")
     ap.add_argument("--tune", action="store_true",
                     help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()

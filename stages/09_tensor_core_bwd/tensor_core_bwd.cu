@@ -120,6 +120,17 @@ struct BwdParams {
 // padding up to n_q_pad) get D = 0 and L2 = +inf, so that the main kernels read whole
 // 16-byte chunks without bounds checks and a padded row has P = 2^{−inf} = 0.
 
+/// threadIdx.x, read anew where it is called: `asm volatile` may be neither moved out of a
+/// loop nor merged with another read. Values derived from it inside the loop body are then
+/// recomputed each iteration (a few integer instructions) instead of being computed once
+/// before the loop and kept, which at 255 registers means spilled to local memory and
+/// loaded back, with a few hundred cycles of latency, every iteration (see "dQ atomics").
+__device__ __forceinline__ int fresh_thread_index() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
 /// Two packed 16-bit values as floats.
 template <class Elem>
 __device__ __forceinline__ float2 unpack_pair(uint32_t v) {
@@ -260,6 +271,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   const QueryTileRange range = query_tile_range(key0, B_c, B_r, p.seq_q, p.seq_k, p.causal);
   const int tiles_per_head = range.end - range.begin;
   const int n_steps = group * tiles_per_head;
+  // A step's place: its query head and query tile i. Step 0 is the group's first head at
+  // tile range.begin; next() moves one step on. (Counting instead of dividing the step
+  // number by tiles_per_head: an integer division costs a few dozen instructions.)
+  struct StepPos {
+    int head, tile;
+  };
+  const auto next = [&](StepPos s) {
+    return s.tile + 1 == range.end ? StepPos{s.head + 1, range.begin} : StepPos{s.head, s.tile + 1};
+  };
+  const StepPos first{kv_head * group, range.begin};
   //! [block to key tile]
 
   const uint32_t sK = smem_u32(smem + Tr::kOffK), sV = smem_u32(smem + Tr::kOffV);
@@ -268,11 +289,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   const uint32_t sL2 = smem_u32(smem + Tr::kOffL2), sD = smem_u32(smem + Tr::kOffD);
 
   //! [load a step]
-  // Issue the copies of step `step` (query head, query tile i) into buffer `buf`, as one
+  // Issue the copies of the step at `s` (query head, query tile i) into buffer `buf`, as one
   // cp.async group: Q_i, dO_i (rows past seq_q zero-filled), L2_i and D_i (padded arrays).
-  const auto load_step = [&](int step, int buf) {
-    const int head = kv_head * group + step / tiles_per_head;
-    const int64_t q0 = int64_t(range.begin + step % tiles_per_head) * B_r;
+  const auto load_step = [&](StepPos s, int buf) {
+    const int head = s.head;
+    const int64_t q0 = int64_t(s.tile) * B_r;
     const int rows = p.seq_q - q0 < B_r ? int(p.seq_q - q0) : B_r;  // valid rows (≥ 1)
     const int64_t q_head = int64_t(batch) * p.heads + head;
     const int64_t q_offset = (q_head * p.seq_q + q0) * d;
@@ -292,13 +313,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   load_tile_async<B_c, d, kLayout, Tr::kThreads>(sK, K, keys, tid);
   load_tile_async<B_c, d, kLayout, Tr::kThreads>(sV, V, keys, tid);
   cp_async_commit();
-  if (n_steps > 0) load_step(0, 0);
+  if (n_steps > 0) load_step(first, 0);
   if constexpr (kOneBarrier) {
     // The one-barrier schedule waits for step s + 1 at the end of step s; step 0 is
     // waited for here, and step 1 starts travelling at once.
     cp_async_wait<0>();
     __syncthreads();
-    if (n_steps > 1) load_step(1, 1);
+    if (n_steps > 1) load_step(next(first), 1);
   }
   //! [load a step]
 
@@ -314,9 +335,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   zero(dK_acc);
   zero(dV_acc);
 
-  for (int step = 0; step < n_steps; ++step) {
+  StepPos pos = first;  // where step `step` is
+  for (int step = 0; step < n_steps; ++step, pos = next(pos)) {
     const int buf = kStages == 2 ? step % 2 : 0;
-    const int i = range.begin + step % tiles_per_head;  // query tile
+    const int i = pos.tile;  // query tile
     const int64_t q0 = int64_t(i) * B_r;
 
     //! [pipeline step]
@@ -325,7 +347,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
       __syncthreads();     // ... everyone's; and every warp is done with step − 1, so its
                            // buffer and the dSᵀ (p_smem: and Pᵀ) tile may be overwritten
       if constexpr (kStages == 2)
-        if (step + 1 < n_steps) load_step(step + 1, buf ^ 1);  // travels while we compute
+        if (step + 1 < n_steps) load_step(next(pos), buf ^ 1);  // travels while we compute
     }
     //! [pipeline step]
 
@@ -420,7 +442,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
           // tile, whose readers (the dQ product of step − 1) all passed this barrier.
           cp_async_wait<0>();
           __syncthreads();
-          if (step + 2 < n_steps) load_step(step + 2, buf);
+          if (step + 2 < n_steps) load_step(next(next(pos)), buf);
           //! [one barrier]
         } else {
           __syncthreads();  // all of dSᵀ [B_c, B_r] is in shared memory
@@ -440,17 +462,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
       // LAB BEGIN: dQ atomics — hint: thread (g, t) adds its pairs (row g or 8+g, columns 2t, 2t+1) of each m16n8 piece to dQ_accum with atomicAdd, rows < seq_q only
       // Add this block's part to dQ_accum (fp32, zeroed before the kernel). Many blocks
       // (every key tile j of the kv head) add to the same rows, in no fixed order.
-      const int head = kv_head * group + step / tiles_per_head;  // the query head of this step
-      float* dQ_accum = p.dQ_accum + ((int64_t(batch) * p.heads + head) * p.n_q_pad + q0) * d;
+      // The thread's first element (row wm·kRowsDq + g, column wn·kColsDq + 2t) of this
+      // step's dQ_accum tile; every other element it adds to is a compile-time offset from
+      // it, (16·mi + 8·h)·d + 8·nt, which the atomics take as an immediate. In layout p_smem
+      // the thread's coordinates are derived afresh from threadIdx.x: derived from `tid`,
+      // the compiler computed the per-thread offsets once before the loop, could not keep
+      // them in registers, and reloaded them from local memory before the atomics of every
+      // step (Nsight Compute: 14% of the warps' stall samples waited on those loads). In
+      // layout p_regs the fresh read measured 3% slower, so it keeps `tid`.
+      const int tid_a = Tr::kPInSmem ? fresh_thread_index() : tid, warp_a = tid_a / 32;
+      const int row0 = warp_a / Tr::kWarpsNdQ * Tr::kRowsDq + (tid_a % 32) / 4;
+      const int col0 = warp_a % Tr::kWarpsNdQ * Tr::kColsDq + 2 * (tid_a % 4);
+      float* dQ_thread = p.dQ_accum + ((int64_t(batch) * p.heads + pos.head) * p.n_q_pad + q0 + row0) * d + col0;
+      const int64_t rows_left = p.seq_q - (q0 + row0);  // rows row0 + r with r < rows_left exist
 #pragma unroll
       for (int mi = 0; mi < kMq; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = wm * Tr::kRowsDq + 16 * mi + g + 8 * h;
-          if (q0 + row >= p.seq_q) continue;  // padding rows: their dS is 0; skip the traffic
+          const int r = 16 * mi + 8 * h;  // the row, counted from row0
+          if (r >= rows_left) continue;   // padding rows: their dS is 0; skip the traffic
 #pragma unroll
           for (int nt = 0; nt < kNq; ++nt) {
-            float* dst = dQ_accum + int64_t(row) * d + wn * Tr::kColsDq + 8 * nt + 2 * t;
+            float* dst = dQ_thread + r * d + 8 * nt;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dQ_acc[mi][nt][2 * h], dQ_acc[mi][nt][2 * h + 1]));
 #else
@@ -465,7 +498,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
 
     if constexpr (kStages == 1) {
       __syncthreads();  // every warp is done with the only buffer
-      if (step + 1 < n_steps) load_step(step + 1, 0);
+      if (step + 1 < n_steps) load_step(next(pos), 0);
     }
   }
 
