@@ -445,6 +445,17 @@ TEST_CASE("stage 09: a warp's block of queries is masked like its columns of the
 // The ablation variants compute the same gradients (bf16, both head dims).
 // ---------------------------------------------------------------------------------------
 
+// The message of the std::invalid_argument a small backward in `t` throws under the options in
+// force (empty when it runs): how the tests check that a combination is refused by name.
+std::string refusal_message(fa::Dtype t = fa::Dtype::BF16) {
+  try {
+    fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), t, 1, fa::Dist::Normal, true);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
 TEST_CASE("stage 09: ablation variants are correct") {
   for (s09::Ablation a : {s09::Ablation::NoPipeline, s09::Ablation::NoSwizzle}) {
     s09::Options o;
@@ -457,48 +468,45 @@ TEST_CASE("stage 09: ablation variants are correct") {
                                    make(1, 2, 1, 97, 513, d, true)})
         fa::test::expect_pass(stage(), p, fa::Dtype::BF16, seed++, fa::Dist::Normal, true);
     // Ablations are built for bf16 only; f16 is refused by name.
-    std::string msg;
-    try {
-      fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), fa::Dtype::F16, 1, fa::Dist::Normal, true);
-    } catch (const std::invalid_argument& e) {
-      msg = e.what();
-    }
-    CHECK(msg.find("bf16 only") != std::string::npos);
+    CHECK(refusal_message(fa::Dtype::F16).find("bf16 only") != std::string::npos);
+  }
+}
+
+// Every problem `shapes(d)` lists, in bf16 and fp16, at d = 64 and 128, under the options
+// `o` in both dQ modes (atomic, then deterministic), against the reference backward; the
+// input seeds count up from `seed`.
+template <class Shapes>
+void expect_options_pass(s09::Options o, const std::string& name, uint64_t seed, Shapes shapes) {
+  for (bool det : {false, true}) {
+    o.deterministic = det;
+    OptionsScope scope(o);
+    INFO(name << ", deterministic = " << det);
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+      for (int d : {64, 128})
+        for (const fa::Problem& p : shapes(d)) fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
   }
 }
 
 TEST_CASE("stage 09: the narrow tiles are correct (both dtypes, both dQ modes)") {
-  uint64_t seed = 600;
-  for (bool det : {false, true}) {
-    s09::Options o;
-    o.tile = s09::Tile::Narrow;
-    o.deterministic = det;
-    OptionsScope scope(o);
-    INFO("narrow tile, deterministic = " << det);
-    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
-      for (int d : {64, 128})
-        for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
-                                     make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true)})
-          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
-  }
+  s09::Options o;
+  o.tile = s09::Tile::Narrow;
+  expect_options_pass(o, "narrow tile", 600, [](int d) {
+    return std::vector<fa::Problem>{make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
+                                    make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true)};
+  });
 }
 
 // The one-barrier schedule (dSᵀ double-buffered): the same gradients, both dtypes, both
 // modes; lengths that give 1, 2 and many steps per block, GQA (the steps cross heads).
 TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ modes)") {
-  uint64_t seed = 700;
-  for (bool det : {false, true}) {
+  {
     s09::Options o;
     o.schedule = s09::Schedule::OneBarrier;
-    o.deterministic = det;
-    OptionsScope scope(o);
-    INFO("one_barrier, deterministic = " << det);
-    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
-      for (int d : {64, 128})
-        for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
-                                     make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true),
-                                     make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false)})
-          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
+    expect_options_pass(o, "one_barrier", 700, [](int d) {
+      return std::vector<fa::Problem>{make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
+                                      make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true),
+                                      make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false)};
+    });
   }
   // Built on the wide tile without ablations only; other combinations are refused by name.
   for (const bool narrow : {true, false}) {
@@ -507,12 +515,7 @@ TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ m
     if (narrow) o.tile = s09::Tile::Narrow;
     else o.ablation = s09::Ablation::NoPipeline;
     OptionsScope scope(o);
-    std::string msg;
-    try {
-      fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), fa::Dtype::BF16, 1, fa::Dist::Normal, true);
-    } catch (const std::invalid_argument& e) {
-      msg = e.what();
-    }
+    const std::string msg = refusal_message();
     INFO("message: '" << msg << "'");
     CHECK(msg.find("one_barrier") != std::string::npos);
     CHECK(msg.find(narrow ? "tile narrow" : "ablation no_pipeline") != std::string::npos);
@@ -525,21 +528,16 @@ TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ m
 // at d = 128, 128 at d = 64: 20, 84, 150, 200 queries), rows that see no key (causal,
 // N_q > N_k), several key tiles with a ragged last one (N_k = 333), and GQA.
 TEST_CASE("stage 09: the p_smem warp layout is correct (both dtypes, both dQ modes)") {
-  uint64_t seed = 800;
-  for (bool det : {false, true}) {
+  {
     s09::Options o;
     o.layout = s09::WarpLayout::PSmem;
-    o.deterministic = det;
-    OptionsScope scope(o);
-    INFO("layout p_smem, deterministic = " << det);
-    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
-      for (int d : {64, 128})
-        for (const fa::Problem& p :
-             {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false), make(1, 2, 1, 97, 513, d, true),
-              make(1, 8, 2, 128, 128, d, true), make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false),
-              make(1, 2, 1, 20, 333, d, true), make(1, 2, 1, 84, 84, d, true), make(1, 2, 1, 150, 333, d, true),
-              make(1, 4, 2, 200, 150, d, true), make(1, 2, 2, 333, 200, d, false)})
-          fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
+    expect_options_pass(o, "layout p_smem", 800, [](int d) {
+      return std::vector<fa::Problem>{
+          make(1, 4, 2, 300, 77, d, true),   make(2, 2, 2, 255, 255, d, false), make(1, 2, 1, 97, 513, d, true),
+          make(1, 8, 2, 128, 128, d, true),  make(1, 1, 1, 1, 1, d, false),     make(1, 2, 2, 1000, 130, d, false),
+          make(1, 2, 1, 20, 333, d, true),   make(1, 2, 1, 84, 84, d, true),    make(1, 2, 1, 150, 333, d, true),
+          make(1, 4, 2, 200, 150, d, true),  make(1, 2, 2, 333, 200, d, false)};
+    });
   }
   // Both layouts on the same inputs pass; in atomic mode p_smem's dK and dV, like
   // p_regs', are bitwise reproducible (only dQ's atomics depend on the order of blocks).
@@ -580,12 +578,7 @@ TEST_CASE("stage 09: the p_smem warp layout is correct (both dtypes, both dQ mod
     else if (other == 1) o.tile = s09::Tile::Narrow;
     else o.ablation = s09::Ablation::NoPipeline;
     OptionsScope scope(o);
-    std::string msg;
-    try {
-      fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), fa::Dtype::BF16, 1, fa::Dist::Normal, true);
-    } catch (const std::invalid_argument& e) {
-      msg = e.what();
-    }
+    const std::string msg = refusal_message();
     INFO("message: '" << msg << "'");
     CHECK(msg.find("09_tensor_core_bwd") != std::string::npos);
     CHECK(msg.find("layout p_smem") != std::string::npos);
