@@ -93,6 +93,9 @@ struct Config {
   static constexpr int kColGroups = kThreads / kRowGroups;  // threads sharing one row: 8 or 16
   static constexpr int kSCols = B_c / kColGroups;           // columns of S_ij per thread
   static constexpr int kOCols = D / kColGroups;             // columns of O_i per thread
+  // A thread's O_i columns are float4 chunks kChunkStride apart: 4c.. + kChunkStride·s (32 = the
+  // 8 column groups' float4s side by side; 64 in variant 2).
+  static constexpr int kChunkStride = 4 * kColGroups;
   static constexpr int kRowPad = kSwizzled ? 0 : kPad;      // the swizzle replaces the padding
   static constexpr int kQStride = D + kRowPad;              // sQ: [B_r][D + 4]   (swizzled: [B_r][D])
   static constexpr int kKStride = D + kRowPad;              // sK: [B_c][D + 4]   (swizzled: [B_c][D])
@@ -292,8 +295,7 @@ template <typename C>
 __device__ __forceinline__ void accumulate_pv(const float* sP, const float* sV, int g, int c,
                                               float (&O_acc)[kRowsPerThread][C::kOCols]) {
   //! [accumulate pv]
-  // LAB BEGIN: accumulate pv — hint: O[t][4s+e'] += Σ_k P_ij[g + 16t][k] · V_j[k][32s + 4c + e'] (32 = kChunkStride)
-  constexpr int kChunkStride = 4 * C::kColGroups;  // 32: the column groups' float4s side by side
+  // LAB BEGIN: accumulate pv — hint: O[t][4s+e'] += Σ_k P_ij[g + 16t][k] · V_j[k][32s + 4c + e'] (32 = C::kChunkStride)
 #pragma unroll 2
   for (int k = 0; k < C::B_c; k += 4) {
     float p[kRowsPerThread][4];  // P_ij[row][k..k+3] for this thread's 4 rows
@@ -306,9 +308,9 @@ __device__ __forceinline__ void accumulate_pv(const float* sP, const float* sV, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
 #pragma unroll
-      for (int s = 0; s < C::D / kChunkStride; ++s) {
+      for (int s = 0; s < C::D / C::kChunkStride; ++s) {
         const float* row = sV + (k + e) * C::kVStride;  // V_j[k + e][:]
-        const float4 v = *reinterpret_cast<const float4*>(row + kChunkStride * s + 4 * c);
+        const float4 v = *reinterpret_cast<const float4*>(row + C::kChunkStride * s + 4 * c);
 #pragma unroll
         for (int t = 0; t < kRowsPerThread; ++t) {
           O_acc[t][4 * s + 0] = fmaf(p[t][e], v.x, O_acc[t][4 * s + 0]);
@@ -467,7 +469,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) flash_forward_kern
   // O_i = O_acc / l and L_i = scale·m + ln l = ln2 · (m·scale·log2(e) + log2 l). The 8
   // partial sums of a row are added first. A row that saw no key has l = 0: O = 0, L = −∞.
   // (NaN inputs give l = NaN and so NaN in O and L, as the reference does.)
-  constexpr int kChunkStride = 4 * C::kColGroups;  // 32: O columns 32s + 4c..32s + 4c + 3
 #pragma unroll
   for (int t = 0; t < kRowsPerThread; ++t) {
     float l = row_sum[t];
@@ -479,8 +480,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) flash_forward_kern
     const float inv_l = l == 0.f ? 0.f : 1.f / l;
     float* O = p.O + (bh * p.seq_q + row) * p.d;
 #pragma unroll
-    for (int s = 0; s < C::D / kChunkStride; ++s) {
-      const int col = kChunkStride * s + 4 * c;
+    for (int s = 0; s < C::D / C::kChunkStride; ++s) {
+      const int col = C::kChunkStride * s + 4 * c;  // O columns 32s + 4c..32s + 4c + 3
       if (col < p.d)
         *reinterpret_cast<float4*>(O + col) =
             make_float4(O_acc[t][4 * s + 0] * inv_l, O_acc[t][4 * s + 1] * inv_l,

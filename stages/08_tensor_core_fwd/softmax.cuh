@@ -102,8 +102,7 @@ struct OnlineSoftmax {
     float alpha[kMTiles][2];     // e^{scale·(m_old − m_new)} of each of this thread's rows
     float m_scaled[kMTiles][2];  // m_new·c, the subtrahend of every exponent of the row
     // c = scale·log2(e) for 2^x, or scale for the unfolded e^x (the no_exp2 ablation).
-    constexpr bool kUseExp2 = kExp2;
-    const float c = kUseExp2 ? scale_log2 : scale;
+    const float c = kExp2 ? scale_log2 : scale;
     //! [online softmax update]
     // LAB BEGIN: online softmax update — hint: per row: m_new = quad_max of the row and m_old; alpha = e^{scale·(m_old − m_new)}; l *= alpha; O *= alpha; then P = e^{scale·(S − m_new)} in place and l += Σ P
     // 1. The new maxima, and the factors that move the old sums onto them.
@@ -134,7 +133,7 @@ struct OnlineSoftmax {
           for (int e = 0; e < 2; ++e) {
             float& s = S[mi][nt][2 * h + e];
             // exp2 folding: one FFMA, s·c − m·c; unfolded: a multiply, then a subtraction.
-            s = exponential(kUseExp2 ? fmaf(s, c, -m_scaled[mi][h]) : s * c - m_scaled[mi][h]);
+            s = exponential(kExp2 ? fmaf(s, c, -m_scaled[mi][h]) : s * c - m_scaled[mi][h]);
           }
         row_sum[mi][h] += row_reduce(S[mi], h, Plus{});
       }
@@ -142,7 +141,8 @@ struct OnlineSoftmax {
     //! [online softmax update]
   }
 
-  /// e^{x/c·scale}: 2^x with exp2 folding, else e^x by __expf (the unfolded ablation).
+  /// The exponential of an exponent already multiplied by c: 2^x with exp2 folding
+  /// (c = scale·log2 e), else e^x by __expf (c = scale, the unfolded ablation).
   __device__ __forceinline__ static float exponential(float x) { return kExp2 ? fast_exp2(x) : __expf(x); }
 
   /// O ← alpha·O, row by row. With kLazyRescale the warp first votes on whether any of

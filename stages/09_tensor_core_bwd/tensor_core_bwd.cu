@@ -292,10 +292,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
   // Issue the copies of the step at `s` (query head, query tile i) into buffer `buf`, as one
   // cp.async group: Q_i, dO_i (rows past seq_q zero-filled), L2_i and D_i (padded arrays).
   const auto load_step = [&](StepPos s, int buf) {
-    const int head = s.head;
     const int64_t q0 = int64_t(s.tile) * B_r;
     const int rows = p.seq_q - q0 < B_r ? int(p.seq_q - q0) : B_r;  // valid rows (≥ 1)
-    const int64_t q_head = int64_t(batch) * p.heads + head;
+    const int64_t q_head = int64_t(batch) * p.heads + s.head;
     const int64_t q_offset = (q_head * p.seq_q + q0) * d;
     load_tile_async<B_r, d, kLayout, Tr::kThreads>(sQ + buf * Tr::kQTileBytes,
                                                     static_cast<const Elem*>(p.Q) + q_offset, rows, tid);

@@ -41,6 +41,30 @@ namespace fa::stage09 {
 using stage08::LdsmLane;
 using stage08::SmemLayout;
 
+/// The MMAs of one 16-column block np of B, as ldmatrix_x4 (or its .trans) returns it —
+/// {b0, b1} of n8 tile 2np, {b0, b1} of n8 tile 2np+1 — with every A fragment of the step.
+template <class Elem, int kM, int kN>
+__device__ __forceinline__ void mma_b_block(float (&acc)[kM][kN][4], const uint32_t (&a)[kM][4], const uint32_t (&b)[4],
+                                            int np) {
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+    stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
+    stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+  }
+}
+
+/// For a [k][n] tile at `sB` read by ldmatrix .trans (pattern X) from a run-time first
+/// column `col0` (a multiple of 16): this lane's address of each of kBlocks 16-column
+/// blocks in k rows 0..15. The rows below are 16 rows' worth of bytes further per k16 step,
+/// exact for every layout (the swizzle depends on row mod 8 only).
+template <int kLd, SmemLayout kLayout, int kBlocks>
+__device__ __forceinline__ void column_block_addresses(uint32_t (&addr)[kBlocks], uint32_t sB, int col0, int lane) {
+#pragma unroll
+  for (int np = 0; np < kBlocks; ++np)
+    addr[np] = stage08::tile_address<kLd, kLayout>(sB, stage08::ldsm_row_x(lane),
+                                                   col0 / 8 + 2 * np + stage08::ldsm_chunk_x(lane));
+}
+
 /// acc += A·Bᵀ. `sA` is the shared address of A's first row (16·kM rows used), `sB` of
 /// B's first row (8·kN rows used); both walk columns [0, 16·kK). The first row of each
 /// must be a multiple of 8 rows into its tile, so that the swizzle phase is unchanged.
@@ -58,11 +82,7 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[kM][kN][4], uint32_t sA, u
     for (int np = 0; np < kN / 2; ++np) {
       uint32_t b[4];  // {b0, b1} of B rows 16np..16np+7, {b0, b1} of rows 16np+8..16np+15
       stage08::ldmatrix_x4(b, b_lane(sB, np, kk));
-#pragma unroll
-      for (int mi = 0; mi < kM; ++mi) {
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
-      }
+      mma_b_block<Elem>(acc, a, b, np);
     }
   }
 }
@@ -86,11 +106,7 @@ __device__ __forceinline__ void gemm_acc_b(float (&acc)[kM][kN][4], const float 
     for (int np = 0; np < kN / 2; ++np) {
       uint32_t b[4];  // {b0, b1} of B columns 16np..16np+7, {b0, b1} of 16np+8..16np+15
       stage08::ldmatrix_x4_trans(b, b_lane(sB, kk, np));
-#pragma unroll
-      for (int mi = 0; mi < kM; ++mi) {
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a_frag[mi], b[0], b[1]);
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a_frag[mi], b[2], b[3]);
-      }
+      mma_b_block<Elem>(acc, a_frag, b, np);
     }
   }
 }
@@ -115,10 +131,7 @@ __device__ __forceinline__ void gemm_atb(float (&acc)[kM][kN][4], uint32_t sA, i
   for (int mi = 0; mi < kM; ++mi)
     a_addr[mi] = stage08::tile_address<kLdA, kLayout>(
         sA, stage08::ldsm_row_y(lane), a_col0 / 8 + 2 * mi + stage08::ldsm_chunk_y(lane));
-#pragma unroll
-  for (int np = 0; np < kN / 2; ++np)
-    b_addr[np] = stage08::tile_address<kLdB, kLayout>(
-        sB, stage08::ldsm_row_x(lane), b_col0 / 8 + 2 * np + stage08::ldsm_chunk_x(lane));
+  column_block_addresses<kLdB, kLayout>(b_addr, sB, b_col0, lane);
 #pragma unroll
   for (int kk = 0; kk < kK; ++kk) {
     uint32_t a[kM][4];  // Aᵀ rows (m) 16mi.., columns (k) 16kk..: the transposed load of A's [k][m] block
@@ -128,11 +141,7 @@ __device__ __forceinline__ void gemm_atb(float (&acc)[kM][kN][4], uint32_t sA, i
     for (int np = 0; np < kN / 2; ++np) {
       uint32_t b[4];
       stage08::ldmatrix_x4_trans(b, b_addr[np] + kk * kBRowBlockBytes);
-#pragma unroll
-      for (int mi = 0; mi < kM; ++mi) {
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
-      }
+      mma_b_block<Elem>(acc, a, b, np);
     }
   }
 }
@@ -151,10 +160,7 @@ __device__ __forceinline__ void gemm_ab(float (&acc)[kM][kN][4], uint32_t sA, ui
   constexpr uint32_t kBRowBlockBytes = 2u * 16u * uint32_t(stage08::smem_row_stride(kLdB, kLayout));
   const LdsmLane<kLdA, kLayout> a_lane(stage08::ldsm_row_x(lane), stage08::ldsm_chunk_x(lane));
   uint32_t b_addr[kN / 2];  // this lane's row of each 16×16 block of B in k rows 0..15
-#pragma unroll
-  for (int np = 0; np < kN / 2; ++np)
-    b_addr[np] = stage08::tile_address<kLdB, kLayout>(
-        sB, stage08::ldsm_row_x(lane), b_col0 / 8 + 2 * np + stage08::ldsm_chunk_x(lane));
+  column_block_addresses<kLdB, kLayout>(b_addr, sB, b_col0, lane);
 #pragma unroll
   for (int kk = 0; kk < kK; ++kk) {
     uint32_t a[kM][4];  // A rows 16mi.., columns 16kk..16kk+15
@@ -164,11 +170,7 @@ __device__ __forceinline__ void gemm_ab(float (&acc)[kM][kN][4], uint32_t sA, ui
     for (int np = 0; np < kN / 2; ++np) {
       uint32_t b[4];  // {b0, b1} of B columns 16np..16np+7, {b0, b1} of 16np+8..16np+15
       stage08::ldmatrix_x4_trans(b, b_addr[np] + kk * kBRowBlockBytes);
-#pragma unroll
-      for (int mi = 0; mi < kM; ++mi) {
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
-        stage08::mma_m16n8k16<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
-      }
+      mma_b_block<Elem>(acc, a, b, np);
     }
   }
 }
