@@ -37,6 +37,10 @@
 #include "tensor_core_bwd.h"
 #define FA_HAS_09 1
 #endif
+#if __has_include("hopper_fwd.h")
+#include "hopper_fwd.h"
+#define FA_HAS_10 1
+#endif
 #endif
 
 namespace fa {
@@ -55,6 +59,9 @@ const std::vector<StageInfo>& all_stages() {
 #endif
 #ifdef FA_HAS_09
       stage09::info(),
+#endif
+#ifdef FA_HAS_10
+      stage10::info(),
 #endif
   };
   return list;

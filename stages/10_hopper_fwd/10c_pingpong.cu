@@ -1,0 +1,121 @@
+// Stage 10, step 10c — ping-pong: the two consumer warpgroups take turns on the tensor
+// cores, so one's softmax runs while the other's products do.
+//
+// What changed from 10b, and why: in 10b each consumer issued S_j, waited, did its softmax,
+// issued P·V_j and waited again; both consumers did so independently, and their GEMMs and
+// softmaxes collided at random. The exponentials run on the special-function unit (16 per
+// SM per clock against 1024 bf16 FMAs per clock for the tensor cores: at d = 128 a tile's
+// exps cost about half its matmul time), so the tensor cores idle whenever both consumers
+// are in their softmax. Here a consumer issues all of its tensor-core work for a step at
+// once, S_j = Q·K_jᵀ together with P_{j−1}·V_{j−1} (the P·V of the tile before: moving it one
+// step later is what lets the two products be issued together), and two named barriers
+// hand the turn from one consumer to the other:
+//
+//   consumer 0:  [S_j, PV_{j−1}]  softmax_j ............  [S_{j−1}, PV_j]  softmax ...
+//   consumer 1:  ....  [S_j, PV_{j−1}]  softmax_j ......  [S_{j−1}, PV_j] ...
+//   tensor cores: c0 c0 c1 c1 c0 c0 c1 c1 …   (one consumer's GEMMs under the other's exps)
+//
+//   consumer c, per tile j:  wait my turn;  issue S_j, P_prev·V_prev;  hand the turn over
+//                            wait for both;  release K_j, V_prev;  mask;  softmax_j;  O ← α·O
+//   after the loop: O += P_last·V_last;  epilogue as in 10b
+//
+// Run: ./build/stages/10_hopper_fwd/stage10 --step 10c --dtype bf16 --head-dim 128 --seq-q 4096 --seq-k 4096 --bench
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "pipeline.cuh"
+#include "step_kernel.h"
+#include "step_table.cuh"
+#include "tile_math.cuh"
+#include "wgmma.cuh"
+
+namespace fa::stage10 {
+
+template <int d, class Elem, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 1) fwd_10c(const __grid_constant__ FwdParams p) {
+  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  extern __shared__ unsigned char smem[];
+  const SharedTiles<d, Elem> sm(smem);
+  const BlockWork work = block_work<d, kCausal>(p);
+  const int warpgroup = threadIdx.x / 128, count = work.tiles.count;
+
+  if (threadIdx.x == 0) sm.init_barriers();
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // ---- producer ----
+    setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
+    return;
+  }
+  // ---- consumer c: rows [64·c, 64·c + 64) of the query tile ----
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
+  const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
+  const int my_turn = kPingPongBarrier + c, other_turn = kPingPongBarrier + 1 - c;
+
+  float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
+  uint32_t p_frag[B_c / 16][4];  // P of the previous tile, as wgmma A fragments
+  RowState st;
+  mbarrier_wait(sm.q_full, 0);
+  if (c == 1 && count > 0) named_barrier_arrive(kPingPongBarrier, 256);  // consumer 0 goes first
+
+  for (int n = 0; n < count; ++n) {
+    const int j = count - 1 - n, s = n % kStages, prev = (n + kStages - 1) % kStages;
+    const uint32_t parity = (n / kStages) & 1, prev_parity = n > 0 ? ((n - 1) / kStages) & 1 : 0;
+
+    float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
+    mbarrier_wait(&sm.k_full[s], parity);
+    if (n > 0) mbarrier_wait(&sm.v_full[prev], prev_parity);
+    named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
+    wgmma_fence();
+    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
+    wgmma_commit();
+    if (n > 0) {
+      gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
+      wgmma_commit();
+    }
+    named_barrier_arrive(other_turn, 256);  // its products may queue behind mine now
+
+    wgmma_wait<0>();  // S_j and P_prev·V_prev are done
+    fence_registers(s_acc);
+    fence_registers(o);
+    fence_fragments(p_frag);
+    release(&sm.k_empty[s]);
+    if (n > 0) release(&sm.v_empty[prev]);
+    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);
+    rescale_o<d>(o, alpha);
+    pack_p<B_c, Elem>(s_acc, p_frag);
+  }
+  if (count > 0) {  // the last tile's P·V
+    const int s = (count - 1) % kStages;
+    mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);
+    named_barrier_sync(my_turn, 256);
+    wgmma_fence();
+    gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
+    wgmma_commit();
+    if (c == 0) named_barrier_arrive(other_turn, 256);  // consumer 1's last turn; it hands none back
+    wgmma_wait<0>();
+    fence_registers(o);
+    fence_fragments(p_frag);
+    release(&sm.v_empty[s]);
+  }
+  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, &p.map_o, query0, work.bh, kEpilogueBarrier + c);
+}
+
+StepKernel step_10c(int d, Dtype dtype, bool causal) {
+  return make_step_kernel(d, dtype, "10c", [&](auto dim, auto elem) {
+    constexpr int D = decltype(dim)::value;
+    using Elem = decltype(elem);
+    StepKernel k;
+    k.fn = causal ? kernel_address(fwd_10c<D, Elem, true>) : kernel_address(fwd_10c<D, Elem, false>);
+    k.threads = kThreads;
+    k.block_rows = kBlockM;
+    k.block_cols = Tile<D>::kBlockN;
+    k.stages = Tile<D>::kStages;
+    k.smem_bytes = SharedPlan<D>::bytes_to_allocate;
+    return k;
+  });
+}
+
+}  // namespace fa::stage10

@@ -1,0 +1,138 @@
+// Stage 10 — FlashAttention's forward on Hopper's own units: TMA loads completing on
+// mbarriers, asynchronous warpgroup MMA (wgmma), warp specialization with register
+// reallocation, ping-pong between two consumer warpgroups, and the softmax of one tile
+// overlapped with the P·V product of the tile before (step 10d, the final design).
+//
+// What changed from stage 08, and why: stage 08 is FlashAttention-2 on mma.sync, and on an
+// H200 mma.sync plateaus near half the tensor cores' rate: each warp issues its own small
+// MMAs, loads its operands into registers with ldmatrix, and its exponentials wait for its
+// own MMAs. Hopper adds units that take that work off the warps: the copy engine (TMA)
+// moves whole tiles into swizzled shared memory and reports on an mbarrier; wgmma lets a
+// warpgroup of 128 threads issue a 64 × N × 16 product that reads B (and A) straight from
+// shared memory and runs asynchronously. The algorithm is stage 08's (the same tiles, the
+// same online softmax, the same L); the schedule is new. The steps 10a–10d (files beside
+// this one) build it one idea at a time; this file is 10c plus the overlap.
+//
+// Algorithm, one block per (query tile i of B_r = 128 rows, head, batch), 3 warpgroups:
+//   producer (warpgroup 0, one thread): load Q_i; for j = last … 0 into the ring of kStages:
+//       wait k_empty[s]; TMA K_j → k_full[s];  wait v_empty[s]; TMA V_j → v_full[s]
+//   consumer c ∈ {0, 1} (64 rows each): O = 0, m = −inf, l = 0
+//     for each tile j (n-th visited, buffer s; "prev" = the tile before it):
+//       wait for my turn (ping-pong barrier)                                   ┐ tensor cores:
+//       issue S_j = Q_c·K_jᵀ;  issue O += P_prev·V_prev;  hand the turn over  ┘ mine
+//       wait for S_j only;  release K_j;  mask on-band tiles
+//       m' = max(m, rowmax S_j); P_j = e^{scale(S_j − m')}; α = e^{scale(m − m')}   ← under P·V
+//       wait for P_prev·V_prev;  release V_prev;  O ← α·O;  l ← α·l + rowsum P_j
+//     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → TMA store;  L → global
+//
+// Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
+// (DESIGN §3); query head h reads kv head h / (heads / kv_heads). Limits: bf16 and f16;
+// d ∈ {64, 128, 256}; pointers 16-byte aligned; compute capability 9.0 (built for sm_90a).
+// The pieces: ptx.cuh (mbarrier, TMA, fences), wgmma.cuh (descriptors, the products),
+// pipeline.cuh (shared memory, the producer), tile_math.cuh (softmax on fragments,
+// epilogue), tile_schedule.h (which key tiles, which masked), launch.cpp (host side).
+// Run:    ./build/stages/10_hopper_fwd/stage10 --dtype bf16 --head-dim 128 --seq-q 4096 --seq-k 4096 --heads 16 --bench
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "pipeline.cuh"
+#include "step_kernel.h"
+#include "step_table.cuh"
+#include "tile_math.cuh"
+#include "wgmma.cuh"
+
+namespace fa::stage10 {
+
+template <int d, class Elem, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ FwdParams p) {
+  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  extern __shared__ unsigned char smem[];
+  const SharedTiles<d, Elem> sm(smem);
+  const BlockWork work = block_work<d, kCausal>(p);
+  const int warpgroup = threadIdx.x / 128, count = work.tiles.count;
+
+  if (threadIdx.x == 0) sm.init_barriers();
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // ---- producer ----
+    setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
+    return;
+  }
+  // ---- consumer c: rows [64·c, 64·c + 64) of the query tile ----
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
+  const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
+  const int my_turn = kPingPongBarrier + c, other_turn = kPingPongBarrier + 1 - c;
+
+  float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
+  uint32_t p_frag[B_c / 16][4];  // P of the previous tile, as wgmma A fragments
+  RowState st;
+  mbarrier_wait(sm.q_full, 0);
+  if (c == 1 && count > 0) named_barrier_arrive(kPingPongBarrier, 256);  // consumer 0 goes first
+
+  for (int n = 0; n < count; ++n) {
+    const int j = count - 1 - n, s = n % kStages, prev = (n + kStages - 1) % kStages;
+    const uint32_t parity = (n / kStages) & 1, prev_parity = n > 0 ? ((n - 1) / kStages) & 1 : 0;
+
+    float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
+    mbarrier_wait(&sm.k_full[s], parity);
+    if (n > 0) mbarrier_wait(&sm.v_full[prev], prev_parity);
+    named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
+    wgmma_fence();
+    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
+    wgmma_commit();
+    if (n > 0) {
+      gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
+      wgmma_commit();
+    }
+    named_barrier_arrive(other_turn, 256);  // its products may queue behind mine now
+
+    if (n > 0)
+      wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
+    else
+      wgmma_wait<0>();
+    fence_registers(s_acc);
+    release(&sm.k_empty[s]);
+    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);  // the exponentials hide under P·V
+
+    wgmma_wait<0>();  // P_prev·V_prev is done: O and p_frag are ours again
+    fence_registers(o);
+    fence_fragments(p_frag);
+    if (n > 0) release(&sm.v_empty[prev]);
+    rescale_o<d>(o, alpha);
+    pack_p<B_c, Elem>(s_acc, p_frag);
+  }
+  if (count > 0) {  // the last tile's P·V
+    const int s = (count - 1) % kStages;
+    mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);
+    named_barrier_sync(my_turn, 256);
+    wgmma_fence();
+    gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
+    wgmma_commit();
+    if (c == 0) named_barrier_arrive(other_turn, 256);  // consumer 1's last turn; it hands none back
+    wgmma_wait<0>();
+    fence_registers(o);
+    fence_fragments(p_frag);
+    release(&sm.v_empty[s]);
+  }
+  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, &p.map_o, query0, work.bh, kEpilogueBarrier + c);
+}
+
+StepKernel step_10d(int d, Dtype dtype, bool causal) {
+  return make_step_kernel(d, dtype, "10d", [&](auto dim, auto elem) {
+    constexpr int D = decltype(dim)::value;
+    using Elem = decltype(elem);
+    StepKernel k;
+    k.fn = causal ? kernel_address(fwd_10d<D, Elem, true>) : kernel_address(fwd_10d<D, Elem, false>);
+    k.threads = kThreads;
+    k.block_rows = kBlockM;
+    k.block_cols = Tile<D>::kBlockN;
+    k.stages = Tile<D>::kStages;
+    k.smem_bytes = SharedPlan<D>::bytes_to_allocate;
+    return k;
+  });
+}
+
+}  // namespace fa::stage10

@@ -1,0 +1,141 @@
+// Stage 10's host side: what it refuses, the tensor maps, and which step's kernel runs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_utils.h"
+#include "hopper_fwd.h"
+#include "step_kernel.h"
+#include "tensor_map.h"
+#include "traits.h"
+
+namespace fa::stage10 {
+
+namespace {
+
+constexpr const char* kStageName = "10_hopper_fwd";
+
+thread_local Options t_options;
+
+/// Every refusal of bad input happens here, before anything is launched or written.
+void check_request(const Problem& p, Dtype dtype) {
+  p.validate(kStageName);
+  if (dtype != Dtype::BF16 && dtype != Dtype::F16)
+    throw std::invalid_argument(std::string(kStageName) + ": dtype " + dtype_name(dtype) +
+                                " is not supported (wgmma takes bf16 or f16 here)");
+  const auto& dims = supported_head_dims();
+  if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end())
+    throw std::invalid_argument(std::string(kStageName) + ": head_dim = " + std::to_string(p.head_dim) +
+                                " is not supported (supported: 64, 128, 256)");
+  if (p.heads > 65535 || p.batch > 65535)
+    throw std::invalid_argument(std::string(kStageName) + ": " +
+                                (p.heads > 65535 ? "heads = " + std::to_string(p.heads)
+                                                 : "batch = " + std::to_string(p.batch)) +
+                                " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
+}
+
+/// wgmma and setmaxnreg exist on compute capability 9.0 only (the sm_90a target).
+void require_hopper() {
+  require_gpu(kStageName);
+  int device = 0, major = 0, minor = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9)
+    throw std::runtime_error(std::string(kStageName) + ": needs a Hopper GPU (compute capability 9.x: wgmma, TMA, "
+                             "setmaxnreg); device " + std::to_string(device) + " has compute capability " +
+                             std::to_string(major) + "." + std::to_string(minor));
+}
+
+StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
+  switch (step) {
+    case Step::A: return step_10a(d, dtype, causal);
+    case Step::B: return step_10b(d, dtype, causal);
+    case Step::C: return step_10c(d, dtype, causal);
+    case Step::D:
+    case Step::Auto: break;
+  }
+  return step_10d(d, dtype, causal);
+}
+
+dim3 grid_for(const Problem& p, const StepKernel& k) {
+  return dim3(unsigned((p.seq_q + k.block_rows - 1) / k.block_rows), unsigned(p.heads), unsigned(p.batch));
+}
+
+}  // namespace
+
+const std::vector<std::string>& step_names() {
+  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d"};
+  return names;
+}
+
+Options current_options() { return t_options; }
+void set_options(const Options& o) { t_options = o; }
+
+const std::vector<int>& supported_head_dims() {
+  static const std::vector<int> dims{64, 128, 256};
+  return dims;
+}
+
+void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O, float* L,
+             cudaStream_t stream) {
+  forward(p, dtype, Q, K, V, O, L, stream, current_options());
+}
+
+void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O, float* L,
+             cudaStream_t stream, const Options& options) {
+  check_request(p, dtype);
+  if (p.q_elems() == 0) return;  // seq_q = 0: nothing to compute, nothing launched
+  const char* why = "TMA reads and writes 16-byte-aligned global memory";
+  require_device_pointer(kStageName, "Q", Q, 16, why);
+  require_device_pointer(kStageName, "O", O, 16, why);
+  require_device_pointer(kStageName, "L", L, alignof(float), "L is fp32");
+  if (p.kv_elems() > 0) {  // seq_k = 0: K and V are never read
+    require_device_pointer(kStageName, "K", K, 16, why);
+    require_device_pointer(kStageName, "V", V, 16, why);
+  }
+  require_hopper();
+
+  const StepKernel k = kernel_for(options.step, p.head_dim, dtype, p.causal);
+  const int64_t q_heads = int64_t(p.batch) * p.heads, kv_heads = int64_t(p.batch) * p.kv_heads;
+  FwdParams params{};
+  params.map_q = make_tensor_map(Q, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, "Q");
+  params.map_o = make_tensor_map(O, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, "O");
+  if (p.seq_k > 0) {
+    params.map_k = make_tensor_map(K, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "K");
+    params.map_v = make_tensor_map(V, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "V");
+  } else {  // no key tile is ever loaded; any valid map will do
+    params.map_k = params.map_v = params.map_q;
+  }
+  params.L = L;
+  params.heads = p.heads;
+  params.kv_heads = p.kv_heads;
+  params.seq_q = p.seq_q;
+  params.seq_k = p.seq_k;
+  params.scale = p.softmax_scale();
+  params.scale_log2 = params.scale * float(M_LOG2E);
+
+  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
+  void* args[] = {&params};
+  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), args, k.smem_bytes, stream));
+}
+
+std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype) {
+  check_request(p, dtype);
+  require_hopper();
+  const Options o = current_options();
+  const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
+  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
+  std::vector<std::pair<std::string, std::string>> rows;
+  rows.emplace_back("step", o.step == Step::Auto ? "10d (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("tile", "B_r = " + std::to_string(k.block_rows) + ", B_c = " + std::to_string(k.block_cols) +
+                                ", " + std::to_string(k.stages) + " K/V stages");
+  const auto launch = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);
+  rows.insert(rows.end(), launch.begin(), launch.end());
+  return rows;
+}
+
+}  // namespace fa::stage10

@@ -1,0 +1,158 @@
+/// \file pipeline.cuh
+/// \brief Warp specialization's shared parts (steps 10b–10d): the block's shared-memory
+/// plan, the K/V ring with its full/empty barriers, and the producer warp's loop.
+///
+/// The ring: kStages buffers, each holding one K tile and one V tile. Per buffer s:
+///   k_full[s], v_full[s]    complete when TMA has landed the tile (1 arrival: the
+///                           producer's arrive.expect_tx, plus the tile's bytes)
+///   k_empty[s], v_empty[s]  complete when all 8 consumer warps are done with that tile
+///                           (8 arrivals, one per warp, after the wgmma that read it)
+/// K and V are released separately: K_j is free as soon as S = Q·K_jᵀ has run, long
+/// before P·V_j has, so the next K tile can be on its way during the softmax.
+/// Iteration n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1:
+///
+///   producer:  wait k_empty[s] (parity ^ 1) → expect_tx + TMA K_j → k_full[s]; the same for V
+///   consumer:  wait k_full[s] → S = Q·K_jᵀ → arrive k_empty[s] … wait v_full[s] →
+///              O += P·V_j → arrive v_empty[s]
+#pragma once
+
+#include <cstdint>
+
+#include "ptx.cuh"
+#include "tile_schedule.h"
+#include "traits.h"
+
+namespace fa::stage10 {
+
+using namespace fa::hopper;
+
+/// The block's threads: warpgroup 0 is the producer (one thread of it issues every TMA),
+/// warpgroups 1 and 2 are consumers owning query rows 0–63 and 64–127 of the tile.
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kBlockM = kRowsPerWarpgroup * kConsumers;  // B_r = 128
+/// Register split (setmaxnreg): 65 536 registers / 384 threads = 170 at launch; the producer
+/// needs few, so it drops to 24 and the consumers rise to 240 (128·24 + 256·240 ≤ 65 536).
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+/// Named barriers (0 is __syncthreads): the ping-pong pair (ids 1, 2: consumer c waits on
+/// 1 + c) and one per consumer for its epilogue (ids 3, 4).
+constexpr int kPingPongBarrier = 1;
+constexpr int kEpilogueBarrier = 3;
+
+/// One arrival per consumer warp on an "empty" barrier: this warp is done with the tile.
+__device__ inline void release(uint64_t* empty_barrier) {
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty_barrier);
+}
+
+/// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
+template <int d>
+struct SharedPlan {
+  static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  static constexpr uint32_t q = 0;                                    // Q_i [d/64][B_r][64]
+  static constexpr uint32_t k = q + tile_bytes(kBlockM, d);           // K [kStages][d/64][B_c][64]
+  static constexpr uint32_t v = k + kStages * tile_bytes(B_c, d);     // V, like K
+  static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
+  // barriers: q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
+  static constexpr uint32_t bytes = barriers + 8 * (1 + 4 * kStages);
+  static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
+};
+
+/// Pointers into the plan for one block.
+template <int d, class Elem>
+struct SharedTiles {
+  static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  Elem* q;
+  Elem* k;
+  Elem* v;
+  uint64_t* q_full;
+  uint64_t* k_full;
+  uint64_t* v_full;
+  uint64_t* k_empty;
+  uint64_t* v_empty;
+
+  __device__ explicit SharedTiles(unsigned char* raw) {
+    using Plan = SharedPlan<d>;
+    // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
+    unsigned char* base = raw + ((1024 - smem_address(raw) % 1024) % 1024);
+    q = reinterpret_cast<Elem*>(base + Plan::q);
+    k = reinterpret_cast<Elem*>(base + Plan::k);
+    v = reinterpret_cast<Elem*>(base + Plan::v);
+    q_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
+    k_full = q_full + 1;
+    v_full = k_full + kStages;
+    k_empty = v_full + kStages;
+    v_empty = k_empty + kStages;
+  }
+  __device__ Elem* k_stage(int s) const { return k + s * B_c * d; }
+  __device__ Elem* v_stage(int s) const { return v + s * B_c * d; }
+
+  /// One thread: every barrier's arrival count, made visible to the copy engine.
+  __device__ void init_barriers() const {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&k_full[s], 1);
+      mbarrier_init(&v_full[s], 1);
+      mbarrier_init(&k_empty[s], 4 * kConsumers);  // one arrival per consumer warp
+      mbarrier_init(&v_empty[s], 4 * kConsumers);
+    }
+    fence_barrier_init();
+  }
+};
+
+/// Issues `count` TMA boxes of [rows, 64] for a [rows, d] tile starting at `row`, one per
+/// column block, completing on `bar`.
+template <int d, class Elem>
+__device__ inline void load_tile(Elem* dst, int rows, const CUtensorMap* map, uint64_t* bar, int row, int bh) {
+#pragma unroll
+  for (int c = 0; c < d / 64; ++c)
+    tma_load_3d(reinterpret_cast<unsigned char*>(dst) + c * rows * 128, map, bar, 64 * c, row, bh);
+}
+
+/// The producer: one thread loads Q_i (two boxes of 64 rows per column block), then the K/V
+/// tiles the query tile visits, last to first, into the ring, each as soon as its buffer is
+/// free. It runs ahead of the consumers by up to kStages tiles.
+template <int d, class Elem>
+__device__ inline void produce(const SharedTiles<d, Elem>& sm, const FwdParams& p, int row0, int bh, int bkv,
+                               KeyTiles tiles) {
+  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  mbarrier_arrive_expect_tx(sm.q_full, tile_bytes(kBlockM, d));
+#pragma unroll
+  for (int c = 0; c < d / 64; ++c)
+#pragma unroll
+    for (int half = 0; half < kConsumers; ++half)
+      tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * kBlockM * 128 + half * kRowsPerWarpgroup * 128,
+                  &p.map_q, sm.q_full, 64 * c, row0 + half * kRowsPerWarpgroup, bh);
+  for (int n = 0; n < tiles.count; ++n) {
+    const int j = tiles.count - 1 - n, s = n % kStages;
+    const uint32_t parity = (n / kStages) & 1;
+    mbarrier_wait(&sm.k_empty[s], parity ^ 1);  // the consumers released K of this buffer
+    mbarrier_arrive_expect_tx(&sm.k_full[s], tile_bytes(B_c, d));
+    load_tile<d>(sm.k_stage(s), B_c, &p.map_k, &sm.k_full[s], j * B_c, bkv);
+    mbarrier_wait(&sm.v_empty[s], parity ^ 1);
+    mbarrier_arrive_expect_tx(&sm.v_full[s], tile_bytes(B_c, d));
+    load_tile<d>(sm.v_stage(s), B_c, &p.map_v, &sm.v_full[s], j * B_c, bkv);
+  }
+}
+
+/// Which query tile, head and batch this block computes, and the key tiles it visits.
+struct BlockWork {
+  int row0, bh, bkv;
+  KeyTiles tiles;
+};
+
+template <int d, bool kCausal>
+__device__ inline BlockWork block_work(const FwdParams& p) {
+  // Under a causal mask the last query tiles visit the most key tiles: start them first.
+  const int m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / (p.heads / p.kv_heads);  // grouped-query attention
+  BlockWork w;
+  w.row0 = m_block * kBlockM;
+  w.bh = batch * p.heads + head;
+  w.bkv = batch * p.kv_heads + kv_head;
+  w.tiles = key_tiles(w.row0, kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
+  return w;
+}
+
+}  // namespace fa::stage10

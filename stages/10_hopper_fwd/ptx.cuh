@@ -1,0 +1,138 @@
+/// \file ptx.cuh
+/// \brief Stage 10's Hopper instructions other than wgmma: mbarriers, TMA copies, proxy
+/// fences, named barriers and register reallocation, one small inline-PTX function each.
+///
+/// Why raw PTX: each function is one instruction of the PTX ISA, so a student can read the
+/// ISA section beside it (the names below are the ISA's). Nothing here knows attention.
+///
+/// **mbarrier** (a 64-bit object in shared memory) counts two things per *phase*: arrivals
+/// (threads calling arrive) and transaction bytes (the copy engine reporting bytes landed).
+/// A phase completes when both reach zero; the barrier then flips its phase parity 0 ↔ 1
+/// and re-arms with the same arrival count. A waiter names the parity of the phase it waits
+/// for, so a loop over a ring of S buffers waits for parity (iteration / S) & 1:
+///
+///     phase:     0        1        0        1      ...
+///     fills:  tile 0   tile S  tile 2S  tile 3S   (buffer 0 of the ring)
+///
+/// Waiting for the parity of the phase *before* the current one returns at once; that is
+/// how a producer passes its first wait on an "empty" barrier nobody has arrived on yet.
+///
+/// **The async proxy.** TMA and wgmma read and write shared memory through the *async
+/// proxy*, a different path from ordinary loads and stores (the *generic proxy*). A barrier
+/// orders generic accesses only: data written by ordinary stores that TMA or wgmma reads
+/// next needs `fence.proxy.async.shared::cta` in the writing threads first.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+
+namespace fa::hopper {
+
+/// The 32-bit shared-memory address PTX instructions take.
+__device__ inline uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier --------------------------------------------------------------------------
+
+/// Initialises a barrier that completes a phase after `arrivals` arrive calls (plus any
+/// transaction bytes announced with expect_tx). One thread calls it.
+__device__ inline void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals));
+}
+
+/// Makes the initialised barriers visible to the async proxy (the copy engine) before
+/// any TMA names them; followed by __syncthreads so that every thread sees them too.
+__device__ inline void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+/// Arrives and announces that `bytes` more bytes will land in this phase (by TMA).
+__device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+/// Arrives (counts one of the phase's arrivals).
+__device__ inline void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+/// True when the phase of parity `parity` has completed (the instruction may also wait a
+/// little in hardware before answering false).
+__device__ inline bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_address(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+/// Waits until the phase of parity `parity` has completed.
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
+}
+
+// ---- TMA (cp.async.bulk.tensor) --------------------------------------------------------
+
+/// Copies the box at coordinates (c0, c1, c2) of the tensor `map` describes into shared
+/// memory at `dst` (laid out and swizzled as the map says); the bytes are reported to
+/// `bar`'s transaction count. Coordinates outside the tensor read as zeros. One thread
+/// issues it; `map` must live in the kernel's parameter space (a __grid_constant__).
+__device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_address(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
+      : "memory");
+}
+
+/// Copies shared memory at `src` to the box at (c0, c1, c2); parts of the box outside the
+/// tensor are not written. Completion is tracked by bulk groups (commit, wait below).
+__device__ inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
+               "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/// Waits until every committed store has finished writing global memory.
+__device__ inline void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+/// Asks L2 to fetch the tensor map's 128 bytes early (one thread, at kernel start).
+__device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+// ---- fences, barriers, registers -------------------------------------------------------
+
+/// Orders this thread's earlier generic-proxy shared-memory writes before later
+/// async-proxy accesses (TMA store, wgmma) that a barrier lets run.
+__device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/// Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits until
+/// `threads` threads have arrived or synced, arrive only counts this one.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Register reallocation between warpgroups (sm_90a): a warpgroup gives registers back to
+/// the pool (dec) or takes them (inc) so that the block's total stays within the file.
+/// All four warps of the warpgroup must execute it; the kernel needs a register cap at
+/// entry (__launch_bounds__(threads, 1)).
+template <int kRegisters>
+__device__ inline void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ inline void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+}  // namespace fa::hopper

@@ -1,0 +1,28 @@
+/// \file tensor_map.h
+/// \brief Host side of TMA: the tensor maps (CUtensorMap) that describe Q, K, V and O to
+/// the copy engine.
+///
+/// A tensor map is a 128-byte descriptor made on the host and passed to the kernel by
+/// value (a __grid_constant__ parameter). Stage 10's maps are 3-D, innermost first:
+///     (d, seq, batch·heads)   strides (2·d bytes, 2·d·seq bytes)
+/// with a box of [rows, 64] elements: 64 columns = 128 bytes, the widest box the 128-byte
+/// swizzle takes, so a [rows, d] tile is d/64 boxes. Because the heads are the third
+/// dimension, a box never crosses from one head into the next: rows past seq are read as
+/// zeros and never written, so no tail needs padding by the caller.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "problem.h"
+
+namespace fa::stage10 {
+
+/// A map of a [heads_total][seq][d] tensor of 16-bit `dtype` at `base` with boxes of
+/// [box_rows, 64], 128-byte swizzle. Throws std::runtime_error naming `what` when the
+/// driver refuses it.
+CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64_t heads_total, int box_rows,
+                            const char* what);
+
+}  // namespace fa::stage10

@@ -1,0 +1,44 @@
+/// \file traits.h
+/// \brief Stage 10's tile sizes and shared-memory plan per head dim, and what every kernel
+/// receives (the tensor maps and sizes).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace fa::stage10 {
+
+/// Tile sizes at head dim d. B_r = 128 query rows per block (two consumer warpgroups of
+/// 64 rows; step 10a uses 64 rows and one warpgroup), B_c keys per K/V tile, kStages K/V
+/// buffers in the ring. Shared memory at d = 128: Q 32 KB + 2 × (K 32 KB + V 32 KB) = 160 KB
+/// of the 227 KB a block may have; d = 256 halves B_c to stay inside it.
+template <int d>
+struct Tile {
+  static_assert(d == 64 || d == 128 || d == 256, "stage 10 is built for d = 64, 128, 256");
+  static constexpr int kHeadDim = d;
+  static constexpr int kBlockN = d == 256 ? 64 : 128;  // B_c
+  static constexpr int kStages = d == 64 ? 4 : 2;
+  static constexpr int kColumnBlocks = d / 64;  // 128-byte-wide blocks per row
+};
+
+/// What the kernels read: tensor maps for TMA (3-D: d, seq, batch·heads), the L pointer,
+/// and the sizes the masks and the schedule need.
+struct FwdParams {
+  CUtensorMap map_q;  ///< Q [batch·heads][seq_q][d], box [64 rows][64 cols]
+  CUtensorMap map_k;  ///< K [batch·kv_heads][seq_k][d], box [B_c rows][64 cols]
+  CUtensorMap map_v;  ///< V, like K
+  CUtensorMap map_o;  ///< O, like Q (stores)
+  float* L;           ///< [batch][heads][seq_q], fp32
+  int heads, kv_heads, seq_q, seq_k;
+  float scale_log2;  ///< scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
+  float scale;
+};
+
+/// Rows per TMA box of Q and O (one warpgroup's rows).
+constexpr int kRowsPerWarpgroup = 64;
+
+/// Bytes of a [rows, d] tile of 16-bit elements.
+constexpr uint32_t tile_bytes(int rows, int d) { return uint32_t(rows) * uint32_t(d) * 2u; }
+
+}  // namespace fa::stage10
