@@ -474,6 +474,34 @@ class Bench:
         self.summary += lines
 
 
+def hopper_sweep(bench, stages, quick=False):
+    """--hopper: stage 10 (every step: the default is 10d; steps 10a-10c as variants) on the
+    40 points of stages 08/09 plus d = 256 at N = 2048 and 8192, against SDPA's FlashAttention-2
+    and cuDNN backends measured in the same run; ratios to both and % of the bf16 GEMM rate."""
+    print("\n== stage 10 (Hopper) against SDPA flash and cuDNN", flush=True)
+    base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
+    steps = [("step", 1), ("step", 2), ("step", 3)]
+    gemm = bench.gemm.get(torch.bfloat16, float("nan"))
+    points = []
+    for dt in (("bf16",) if quick else ("f16", "bf16")):
+        for d in (64, 128, 256):
+            ns = (2048, 8192) if d == 256 else ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384))
+            points += [(dt, d, n, causal) for n in ns for causal in (False, True)]
+    lines = [f"stage 10, batch·N = 16384, heads·d = 2048: TFLOP/s of each step; for 10d (the default) the ratio "
+             f"to sdpa_flash (FA2) and sdpa_cudnn and the share of the bf16 GEMM rate ({gemm:.0f} TFLOP/s)",
+             f"{'dtype':5s} {'d':>4s} {'N':>6s} {'causal':>6s} {'10a':>7s} {'10b':>7s} {'10c':>7s} {'10d':>7s} "
+             f"{'flash':>7s} {'cudnn':>7s} {'/flash':>7s} {'/cudnn':>7s} {'%gemm':>6s}"]
+    for dt, d, n, causal in points:
+        st = stages[0]
+        r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base, variants=steps)["fwd"]
+        get = lambda k: r.get(k, (0, float("nan")))[1]
+        t10 = [get(f"{st}[step={i}]") for i in (1, 2, 3)] + [get(st)]
+        fl, cu = get("sdpa_flash"), get("sdpa_cudnn")
+        lines.append(f"{dt:5s} {d:4d} {n:6d} {str(causal):>6s} " + " ".join(f"{t:7.1f}" for t in t10) +
+                     f" {fl:7.1f} {cu:7.1f} {t10[3] / fl:7.2f} {t10[3] / cu:7.2f} {100 * t10[3] / gemm:5.1f}%")
+    bench.summary += lines
+
+
 def tune_sweep(bench, stages):
     """--tune: the stages' variants side by side (tile shapes, dQ modes, ablations), bf16,
     against sdpa_flash only, to choose defaults and fill the ablation tables."""
@@ -552,6 +580,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
     ap.add_argument("--schedule09", action="store_true",
                     help="only stage 09's loop schedules and warp layouts against sdpa_flash")
+    ap.add_argument("--hopper", action="store_true",
+                    help="stage 10's steps on the 08/09 points plus d = 256, against sdpa_flash and sdpa_cudnn")
     ap.add_argument("--tune", action="store_true",
                     help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()
@@ -582,15 +612,21 @@ def main():
         if args.schedule09:
             schedule_sweep(bench, [s for s in chosen if s.startswith("09")])
             chosen = []
+        if args.hopper:
+            hopper_sweep(bench, [s for s in chosen if s.startswith("10")], args.quick)
+            chosen = []
         if args.tune:
             tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
             chosen = [s for s in chosen if s.startswith("07")]
         fp32 = [s for s in chosen if s.startswith("07")]
-        half = [s for s in chosen if not s.startswith("07")]
+        half = [s for s in chosen if s.startswith(("08", "09"))]
         if fp32:
             bench.stage07(fp32)
         if half:
             bench.stages_16bit(half)
+        hopper = [s for s in chosen if s.startswith("10")]
+        if hopper:
+            hopper_sweep(bench, hopper, args.quick)
     except KeyboardInterrupt as e:
         bench.failures.append(f"benchmark interrupted ({e}): the CSV holds the rows measured so far")
     except Exception:

@@ -91,7 +91,7 @@ grep -E "^\s*[0-9]+/[0-9]+ Test|tests passed|Total Test time" "$OUT/ctest.log" |
 
 # ---- 3. compute-sanitizer over the GPU test programs, small sizes ----------------------
 gpu_tests=()
-for n in 07 08 09; do
+for n in 07 08 09 10; do
   [[ -x $BUILD/tests/test_stage$n ]] && gpu_tests+=("$BUILD/tests/test_stage$n")
 done
 : >"$OUT/sanitizer.log"
@@ -127,6 +127,9 @@ else
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
+    # synccheck (barrier and warp-synchronous misuse) for the Hopper stages' named barriers
+    # and warp-specialized roles.
+    [[ $base == test_stage10 ]] && jobs_list+=("$prog|synccheck|${base}_synccheck|")
     count=$(FA_TEST_SMALL=1 "$prog" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+" || true)
     pieces[$base]=${count:-0}
   done
@@ -144,7 +147,9 @@ else
   sum_of() { local pattern=$1; shift; grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null | grep -Eo "[0-9]+$" | awk '{s += $1} END {print s + 0}'; }
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
-    for tool in memcheck racecheck initcheck; do
+    tools=(memcheck racecheck initcheck)
+    [[ $base == test_stage10 ]] && tools+=(synccheck)
+    for tool in "${tools[@]}"; do
       if [[ $tool == racecheck ]]; then
         logs=()
         for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_racecheck_$i"); done
@@ -184,6 +189,36 @@ else
   rm -rf "$tmp"
   if ((sane)); then record sanitizer ok $((SECONDS - t0)); else record sanitizer "FAILED (see sanitizer.log)" $((SECONDS - t0)); fi
   printf '%s\n' "${sanitizer_rows[@]}"
+fi
+
+# ---- 3b. the Hopper kernels' machine code: wgmma (HGMMA) present, no local memory ------
+sass_lib=$BUILD/stages/10_hopper_fwd/libfa_stage_10.a
+if [[ -f $sass_lib ]] && command -v cuobjdump >/dev/null; then
+  note "SASS of stage 10's kernels (cuobjdump --dump-sass)"
+  t0=$SECONDS
+  sass_file=$(mktemp)
+  cuobjdump --dump-sass "$sass_lib" >"$sass_file" 2>&1 || true
+  sass_ok=1
+  sass_rows=$(awk '
+    /Function : / { if (name != "") print name, hgmma, local; name = $3; hgmma = 0; local = 0 }
+    /HGMMA/ { hgmma++ }
+    /[[:space:]](LDL|STL)(\.|[[:space:]])/ { local++ }
+    END { if (name != "") print name, hgmma, local }' "$sass_file")
+  kernels=0
+  while read -r name hgmma local; do
+    [[ -z $name ]] && continue
+    kernels=$((kernels + 1))
+    if ((hgmma == 0 || local > 0)); then
+      sass_ok=0
+      echo "SASS: $name has $hgmma HGMMA and $local local-memory instructions"
+    fi
+  done <<<"$sass_rows"
+  echo "SASS: $kernels stage-10 kernels checked"
+  if ((kernels > 0 && sass_ok)); then record sass "ok: $kernels kernels, HGMMA in each, no LDL/STL" $((SECONDS - t0))
+  else record sass "FAILED (the kernels are named above)" $((SECONDS - t0)); fi
+  rm -f "$sass_file"
+else
+  record sass "NOT RUN: no $sass_lib or no cuobjdump" 0
 fi
 
 # ---- 4. benchmark sweep ------------------------------------------------------------------

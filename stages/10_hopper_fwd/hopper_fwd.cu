@@ -71,27 +71,41 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
   mbarrier_wait(sm.q_full, 0);
   if (c == 1 && count > 0) named_barrier_arrive(kPingPongBarrier, 256);  // consumer 0 goes first
 
-  for (int n = 0; n < count; ++n) {
-    const int j = count - 1 - n, s = n % kStages, prev = (n + kStages - 1) % kStages;
-    const uint32_t parity = (n / kStages) & 1, prev_parity = n > 0 ? ((n - 1) / kStages) & 1 : 0;
+  if (count > 0) {  // the first tile: S_0 alone (there is no P·V before it)
+    const int j = count - 1;
+    float s_acc[B_c / 2];
+    mbarrier_wait(&sm.k_full[0], 0);
+    named_barrier_sync(my_turn, 256);
+    wgmma_fence();
+    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(0));
+    wgmma_commit();
+    named_barrier_arrive(other_turn, 256);
+    wgmma_wait<0>();
+    fence_registers(s_acc);
+    release(&sm.k_empty[0]);
+    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    softmax_tile<B_c>(s_acc, st, p.scale_log2);  // O is still 0: nothing to rescale
+    pack_p<B_c, Elem>(s_acc, p_frag);
+  }
+  // Every later tile: two groups in flight, S_j then P_prev·V_prev. The loop body is the
+  // same on every pass, so the compiler sees which group each wait completes (a first pass
+  // with one group would make it serialize every wgmma).
+  for (int n = 1; n < count; ++n) {
+    const int j = count - 1 - n, s = n % kStages, prev = (n - 1) % kStages;
+    const uint32_t parity = (n / kStages) & 1, prev_parity = ((n - 1) / kStages) & 1;
 
     float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
-    if (n > 0) mbarrier_wait(&sm.v_full[prev], prev_parity);
+    mbarrier_wait(&sm.v_full[prev], prev_parity);
     named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
     wgmma_fence();
     gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
     wgmma_commit();
-    if (n > 0) {
-      gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
-      wgmma_commit();
-    }
+    gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
+    wgmma_commit();
     named_barrier_arrive(other_turn, 256);  // its products may queue behind mine now
 
-    if (n > 0)
-      wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
-    else
-      wgmma_wait<0>();
+    wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
     fence_registers(s_acc);
     release(&sm.k_empty[s]);
     if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
@@ -100,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
     wgmma_wait<0>();  // P_prev·V_prev is done: O and p_frag are ours again
     fence_registers(o);
     fence_fragments(p_frag);
-    if (n > 0) release(&sm.v_empty[prev]);
+    release(&sm.v_empty[prev]);
     rescale_o<d>(o, alpha);
     pack_p<B_c, Elem>(s_acc, p_frag);
   }

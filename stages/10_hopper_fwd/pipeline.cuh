@@ -123,6 +123,7 @@ __device__ inline void produce(const SharedTiles<d, Elem>& sm, const FwdParams& 
     for (int half = 0; half < kConsumers; ++half)
       tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * kBlockM * 128 + half * kRowsPerWarpgroup * 128,
                   &p.map_q, sm.q_full, 64 * c, row0 + half * kRowsPerWarpgroup, bh);
+  // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = n % kStages: wait k_empty[s] for parity ((n / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
   for (int n = 0; n < tiles.count; ++n) {
     const int j = tiles.count - 1 - n, s = n % kStages;
     const uint32_t parity = (n / kStages) & 1;
@@ -133,6 +134,7 @@ __device__ inline void produce(const SharedTiles<d, Elem>& sm, const FwdParams& 
     mbarrier_arrive_expect_tx(&sm.v_full[s], tile_bytes(B_c, d));
     load_tile<d>(sm.v_stage(s), B_c, &p.map_v, &sm.v_full[s], j * B_c, bkv);
   }
+  // LAB END
 }
 
 /// Which query tile, head and batch this block computes, and the key tiles it visits.

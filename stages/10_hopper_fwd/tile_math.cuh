@@ -72,6 +72,7 @@ __device__ inline float2 softmax_tile(float (&s)[B_c / 2], RowState& st, float s
   float alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    // LAB BEGIN: online softmax on fragments — hint: row max over this thread's 2·(B_c/8) values and the quad (shuffle xor 1, 2); base = 0 if it is −inf; α = 2^{m·scale_log2 − base}; P = 2^{S·scale_log2 − base} in place; l ← α·l + Σ P
     float row_max = st.m[r];
 #pragma unroll
     for (int j = 0; j < B_c / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
@@ -90,6 +91,7 @@ __device__ inline float2 softmax_tile(float (&s)[B_c / 2], RowState& st, float s
         row_sum += x;
       }
     st.l[r] = st.l[r] * alpha[r] + row_sum;
+    // LAB END
   }
   return make_float2(alpha[0], alpha[1]);
 }
@@ -158,8 +160,8 @@ __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile
     float l = st.l[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv_l[r] = l > 0.f ? 1.f / l : 0.f;
-    L[r] = l > 0.f ? st.m[r] * p.scale + logf(l) : -INFINITY;
+    inv_l[r] = l == 0.f ? 0.f : 1.f / l;  // NaN stays NaN: a NaN input reaches O and L
+    L[r] = l == 0.f ? -INFINITY : st.m[r] * p.scale + logf(l);
   }
   auto* tile = reinterpret_cast<unsigned char*>(q_tile);
 #pragma unroll

@@ -61,10 +61,12 @@ namespace fa::hopper {
 /// 1024-byte-aligned column block); strides in bytes.
 __device__ inline uint64_t smem_descriptor(const void* p, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   uint64_t desc = 0;
+  // LAB BEGIN: wgmma descriptor — hint: bits 0–13 the shared address >> 4, 16–29 LBO >> 4, 32–45 SBO >> 4, bit 62 set for the 128-byte swizzle
   desc |= uint64_t((smem_address(p) & 0x3FFFF) >> 4);
   desc |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
   desc |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
   desc |= uint64_t(1) << 62;  // 128-byte swizzle
+  // LAB END
   return desc;
 }
 
