@@ -126,16 +126,21 @@ else
   jobs_list=()
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
-    jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
-    # synccheck (barrier and warp-synchronous misuse) for the Hopper stages' named barriers
-    # and warp-specialized roles.
-    [[ $base == test_stage10 ]] && jobs_list+=("$prog|synccheck|${base}_synccheck|")
     count=$(FA_TEST_SMALL=1 "$prog" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+" || true)
     pieces[$base]=${count:-0}
+    if [[ $base != test_stage10 ]]; then
+      jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
+    fi
   done
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
-    for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|racecheck|${base}_racecheck_$i|$i"); done
+    # Stage 10 runs every tool one test case at a time (its matrix covers four kernels in
+    # two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
+    per_case=(racecheck)
+    [[ $base == test_stage10 ]] && per_case=(memcheck racecheck initcheck synccheck)
+    for tool in "${per_case[@]}"; do
+      for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|$tool|${base}_${tool}_$i|$i"); done
+    done
   done
   for job in "${jobs_list[@]}"; do
     IFS='|' read -r prog tool name index <<<"$job"
@@ -144,15 +149,17 @@ else
   done
   wait || true
   sane=1
-  sum_of() { local pattern=$1; shift; grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null | grep -Eo "[0-9]+$" | awk '{s += $1} END {print s + 0}'; }
+  # (a log cut short by a timeout has no summary line: grep finds nothing, the sum is 0 and
+  # the verdict above already says TIMED OUT)
+  sum_of() { local pattern=$1; shift; { grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null || true; } | grep -Eo "[0-9]+$" | awk '{s += $1} END {print s + 0}'; }
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     tools=(memcheck racecheck initcheck)
     [[ $base == test_stage10 ]] && tools+=(synccheck)
     for tool in "${tools[@]}"; do
-      if [[ $tool == racecheck ]]; then
+      if [[ $tool == racecheck || $base == test_stage10 ]]; then
         logs=()
-        for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_racecheck_$i"); done
+        for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_${tool}_$i"); done
         tests="${pieces[$base]} test cases, one process each"
       else
         logs=("$tmp/${base}_$tool")

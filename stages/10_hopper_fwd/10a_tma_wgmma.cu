@@ -18,7 +18,7 @@
 //     wait kv_full[s] (parity (n / 2) & 1)
 //     S = Q_i·K_jᵀ (wgmma from shared memory, wait);  mask on-band tiles
 //     online softmax → P, α;  O ← α·O;  O += P·V_j (wgmma, P from registers, wait)
-//   O ← O / l;  L = scale·m + ln l;  O → shared → TMA store;  L → global
+//   O ← O / l;  L = scale·m + ln l;  O → shared → global;  L → global
 //
 // Run: ./build/stages/10_hopper_fwd/stage10 --step 10a --dtype bf16 --head-dim 128 --seq-q 4096 --seq-k 4096 --bench
 #include <cuda_bf16.h>
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(128, 1) fwd_10a(const __grid_constant__ FwdPar
     fence_registers(o);
     fence_fragments(p_frag);
   }
-  write_output<d>(o, st, sQ, kBlockM10a, 0, p, &p.map_o, row0, bh, 1);
+  write_output<d>(o, st, sQ, kBlockM10a, 0, p, row0, bh, 1);
 }
 
 StepKernel step_10a(int d, Dtype dtype, bool causal) {

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10b(const __grid_constant__ F
     fence_fragments(p_frag);
     release(&sm.v_empty[s]);
   }
-  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, &p.map_o, query0, work.bh, kEpilogueBarrier + c);
+  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, query0, work.bh, kEpilogueBarrier + c);
 }
 
 StepKernel step_10b(int d, Dtype dtype, bool causal) {

@@ -23,7 +23,7 @@
 //       wait for S_j only;  release K_j;  mask on-band tiles
 //       m' = max(m, rowmax S_j); P_j = e^{scale(S_j − m')}; α = e^{scale(m − m')}   ← under P·V
 //       wait for P_prev·V_prev;  release V_prev;  O ← α·O;  l ← α·l + rowsum P_j
-//     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → TMA store;  L → global
+//     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → global;  L → global
 //
 // Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
 // (DESIGN §3); query head h reads kv head h / (heads / kv_heads). Limits: bf16 and f16;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
     fence_fragments(p_frag);
     release(&sm.v_empty[s]);
   }
-  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, &p.map_o, query0, work.bh, kEpilogueBarrier + c);
+  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, query0, work.bh, kEpilogueBarrier + c);
 }
 
 StepKernel step_10d(int d, Dtype dtype, bool causal) {

@@ -89,7 +89,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
              cudaStream_t stream, const Options& options) {
   check_request(p, dtype);
   if (p.q_elems() == 0) return;  // seq_q = 0: nothing to compute, nothing launched
-  const char* why = "TMA reads and writes 16-byte-aligned global memory";
+  const char* why = "TMA reads and the epilogue writes 16-byte-aligned global memory";
   require_device_pointer(kStageName, "Q", Q, 16, why);
   require_device_pointer(kStageName, "O", O, 16, why);
   require_device_pointer(kStageName, "L", L, alignof(float), "L is fp32");
@@ -103,13 +103,13 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   const int64_t q_heads = int64_t(p.batch) * p.heads, kv_heads = int64_t(p.batch) * p.kv_heads;
   FwdParams params{};
   params.map_q = make_tensor_map(Q, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, "Q");
-  params.map_o = make_tensor_map(O, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, "O");
   if (p.seq_k > 0) {
     params.map_k = make_tensor_map(K, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "K");
     params.map_v = make_tensor_map(V, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "V");
   } else {  // no key tile is ever loaded; any valid map will do
     params.map_k = params.map_v = params.map_q;
   }
+  params.O = O;
   params.L = L;
   params.heads = p.heads;
   params.kv_heads = p.kv_heads;

@@ -91,17 +91,6 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
       : "memory");
 }
 
-/// Copies shared memory at `src` to the box at (c0, c1, c2); parts of the box outside the
-/// tensor are not written. Completion is tracked by bulk groups (commit, wait below).
-__device__ inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
-               "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-__device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-/// Waits until every committed store has finished writing global memory.
-__device__ inline void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
 /// Asks L2 to fetch the tensor map's 128 bytes early (one thread, at kernel start).
 __device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
@@ -110,7 +99,9 @@ __device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
 // ---- fences, barriers, registers -------------------------------------------------------
 
 /// Orders this thread's earlier generic-proxy shared-memory writes before later
-/// async-proxy accesses (TMA store, wgmma) that a barrier lets run.
+/// async-proxy accesses (a TMA store, a wgmma reading an operand written by ordinary
+/// stores) that a barrier lets run. Stage 10 does not need it: every tile wgmma reads was
+/// written by TMA, and the epilogue reads its staging with ordinary loads (exercise 3).
 __device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /// Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits until

@@ -1,5 +1,5 @@
 /// \file tensor_map.h
-/// \brief Host side of TMA: the tensor maps (CUtensorMap) that describe Q, K, V and O to
+/// \brief Host side of TMA: the tensor maps (CUtensorMap) that describe Q, K and V to
 /// the copy engine.
 ///
 /// A tensor map is a 128-byte descriptor made on the host and passed to the kernel by
@@ -8,7 +8,7 @@
 /// with a box of [rows, 64] elements: 64 columns = 128 bytes, the widest box the 128-byte
 /// swizzle takes, so a [rows, d] tile is d/64 boxes. Because the heads are the third
 /// dimension, a box never crosses from one head into the next: rows past seq are read as
-/// zeros and never written, so no tail needs padding by the caller.
+/// zeros, so no tail needs padding by the caller.
 #pragma once
 
 #include <cuda.h>

@@ -145,15 +145,15 @@ __device__ inline void fence_fragments(uint32_t (&p)[kSlices][4]) {
 
 /// The epilogue of one warpgroup: O ← O / l, rounded to Elem, written into the warpgroup's
 /// own 64 rows of the Q tile in shared memory (its Q is no longer needed) in the 128-byte
-/// swizzled layout, then stored by TMA (rows past seq_q are clipped by the tensor map);
-/// L = scale·m + ln l straight from registers. A row that saw no key has l = 0: O = 0,
-/// L = −inf. `q_tile` is the block's Q tile ([d/64][tile_rows][64]), `wg_row0` this
-/// warpgroup's first row in it, `query0` its first query index, `barrier_id` a named
-/// barrier for the warpgroup's 128 threads.
+/// swizzled layout (conflict-free: a warp's 8 rows of one column block hit 8 different
+/// 16-byte chunks), then copied out in 16-byte pieces, a row's d/8 pieces by consecutive
+/// threads (coalesced), rows past seq_q skipped. L = scale·m + ln l comes straight from
+/// registers. A row that saw no key has l = 0: O = 0, L = −inf. `q_tile` is the block's Q
+/// tile ([d/64][tile_rows][64]), `wg_row0` this warpgroup's first row in it, `query0` its
+/// first query index, `barrier_id` a named barrier for the warpgroup's 128 threads.
 template <int d, class Elem>
 __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile, int tile_rows, int wg_row0,
-                                    const FwdParams& p, const CUtensorMap* map_o, int query0, int bh,
-                                    int barrier_id) {
+                                    const FwdParams& p, int query0, int bh, int barrier_id) {
   float inv_l[2], L[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -164,23 +164,25 @@ __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile
     L[r] = l == 0.f ? -INFINITY : st.m[r] * p.scale + logf(l);
   }
   auto* tile = reinterpret_cast<unsigned char*>(q_tile);
+  // Byte offset of the 16-byte chunk `chunk` (of d/8) of row `row` of the tile.
+  auto chunk_at = [&](int row, int chunk) {
+    return (chunk / 8) * column_block_bytes(tile_rows) + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+  };
 #pragma unroll
   for (int j = 0; j < d / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = wg_row0 + fragment_row(r), col = fragment_col(j, 0);
-      const int block = col / 64, chunk = (col % 64) / 8;
-      unsigned char* at = tile + block * column_block_bytes(tile_rows) + row * 128 + ((chunk ^ (row % 8)) * 16) +
-                          (col % 8) * 2;
-      *reinterpret_cast<uint32_t*>(at) = pack2<Elem>(o[4 * j + 2 * r] * inv_l[r], o[4 * j + 2 * r + 1] * inv_l[r]);
+      *reinterpret_cast<uint32_t*>(tile + chunk_at(row, col / 8) + (col % 8) * 2) =
+          pack2<Elem>(o[4 * j + 2 * r] * inv_l[r], o[4 * j + 2 * r + 1] * inv_l[r]);
     }
-  fence_proxy_async_smem();                 // the TMA store (async proxy) reads what we wrote
-  named_barrier_sync(barrier_id, 128);      // ... after all 128 threads wrote it
-  if (threadIdx.x % 128 == 0) {
-#pragma unroll
-    for (int c = 0; c < d / 64; ++c)
-      tma_store_3d(map_o, tile + c * column_block_bytes(tile_rows) + wg_row0 * 128, 64 * c, query0, bh);
-    tma_store_commit();
+  named_barrier_sync(barrier_id, 128);  // the warpgroup's 64 rows are in shared memory
+  auto* O = static_cast<unsigned char*>(p.O) + (int64_t(bh) * p.seq_q + query0) * int64_t(d) * 2;
+  for (int i = threadIdx.x % 128; i < kRowsPerWarpgroup * d / 8; i += 128) {
+    const int row = i / (d / 8), chunk = i % (d / 8);
+    if (query0 + row < p.seq_q)
+      *reinterpret_cast<uint4*>(O + (int64_t(row) * d + chunk * 8) * 2) =
+          *reinterpret_cast<const uint4*>(tile + chunk_at(wg_row0 + row, chunk));
   }
   if (threadIdx.x % 4 == 0)
 #pragma unroll
@@ -188,7 +190,6 @@ __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile
       const int q = query0 + fragment_row(r);
       if (q < p.seq_q) p.L[int64_t(bh) * p.seq_q + q] = L[r];
     }
-  if (threadIdx.x % 128 == 0) tma_store_wait_all();  // shared memory stays until the store read it
 }
 
 }  // namespace fa::stage10

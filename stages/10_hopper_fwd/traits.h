@@ -28,7 +28,7 @@ struct FwdParams {
   CUtensorMap map_q;  ///< Q [batch·heads][seq_q][d], box [64 rows][64 cols]
   CUtensorMap map_k;  ///< K [batch·kv_heads][seq_k][d], box [B_c rows][64 cols]
   CUtensorMap map_v;  ///< V, like K
-  CUtensorMap map_o;  ///< O, like Q (stores)
+  void* O;            ///< [batch·heads][seq_q][d], the input dtype (16-byte stores)
   float* L;           ///< [batch][heads][seq_q], fp32
   int heads, kv_heads, seq_q, seq_k;
   float scale_log2;  ///< scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
