@@ -22,15 +22,15 @@ for step in 10a 10b 10c 10d; do
               "--head-dim 128 --seq-q 257 --seq-k 1000" \
               "--head-dim 128 --seq-q 1025 --seq-k 1025 --causal" \
               "--head-dim 256 --seq-q 190 --seq-k 190 --causal --batch 2" \
-              "--head-dim 128 --seq-q 77 --seq-k 300 --causal --dtype f16"; do
+              "--head-dim 64 --seq-q 1000 --seq-k 777 --causal --batch 2 --heads 3"; do
     echo "== $step $args"
     timeout 60 $S --step $step --dtype bf16 $args 2>&1 | grep -E "PASS|FAIL|error|rror|max abs|worst" | head -4
   done
 done
 } 2>&1 | tee "$OUT/check.log"
 if [[ ${FA10_BENCH:-1} == 1 ]]; then
-  for step in 10a 10b 10c 10d; do
-    for d in 64 128 256; do
+  for step in ${FA10_STEPS:-10a 10b 10c 10d}; do
+    for d in ${FA10_DIMS:-64 128 256}; do
       for causal in "" "--causal"; do
         h=$((2048 / d))
         echo "== bench $step d=$d $causal"

@@ -31,23 +31,24 @@
 namespace fa::stage10 {
 
 template <int d, class Elem, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1) fwd_10b(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __grid_constant__ FwdParams p) {
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  using R = TwoConsumers;
   extern __shared__ unsigned char smem[];
-  const SharedTiles<d, Elem> sm(smem);
-  const BlockWork work = block_work<d, kCausal>(p);
+  const SharedTiles<d, Elem, R> sm(smem);
+  const BlockWork work = block_work<d, kCausal, R>(p);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (warpgroup == 0) {  // ---- producer ----
-    setmaxnreg_dec<kProducerRegisters>();
+    setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
     return;
   }
   // ---- consumer: rows [64·c, 64·c + 64) of the query tile ----
-  setmaxnreg_inc<kConsumerRegisters>();
+  setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
 
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10b(const __grid_constant__ F
     float s_acc[B_c / 2];  // S = Q_w·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
     wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
+    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s_acc);
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10b(const __grid_constant__ F
     fence_fragments(p_frag);
     release(&sm.v_empty[s]);
   }
-  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, query0, work.bh, kEpilogueBarrier + c);
+  write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
 }
 
 StepKernel step_10b(int d, Dtype dtype, bool causal) {
@@ -90,11 +91,11 @@ StepKernel step_10b(int d, Dtype dtype, bool causal) {
     using Elem = decltype(elem);
     StepKernel k;
     k.fn = causal ? kernel_address(fwd_10b<D, Elem, true>) : kernel_address(fwd_10b<D, Elem, false>);
-    k.threads = kThreads;
-    k.block_rows = kBlockM;
+    k.threads = TwoConsumers::kThreads;
+    k.block_rows = TwoConsumers::kBlockM;
     k.block_cols = Tile<D>::kBlockN;
     k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D>::bytes_to_allocate;
+    k.smem_bytes = SharedPlan<D, TwoConsumers>::bytes_to_allocate;
     return k;
   });
 }

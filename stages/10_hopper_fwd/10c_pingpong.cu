@@ -32,32 +32,33 @@
 namespace fa::stage10 {
 
 template <int d, class Elem, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1) fwd_10c(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __grid_constant__ FwdParams p) {
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  using R = TwoConsumers;
   extern __shared__ unsigned char smem[];
-  const SharedTiles<d, Elem> sm(smem);
-  const BlockWork work = block_work<d, kCausal>(p);
+  const SharedTiles<d, Elem, R> sm(smem);
+  const BlockWork work = block_work<d, kCausal, R>(p);
   const int warpgroup = threadIdx.x / 128, count = work.tiles.count;
 
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (warpgroup == 0) {  // ---- producer ----
-    setmaxnreg_dec<kProducerRegisters>();
+    setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
     return;
   }
   // ---- consumer c: rows [64·c, 64·c + 64) of the query tile ----
-  setmaxnreg_inc<kConsumerRegisters>();
+  setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
-  const int my_turn = kPingPongBarrier + c, other_turn = kPingPongBarrier + 1 - c;
+  const int my_turn = R::kPingPongBarrier + c, other_turn = R::kPingPongBarrier + 1 - c;
 
   float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
   uint32_t p_frag[B_c / 16][4];  // P of the previous tile, as wgmma A fragments
   RowState st;
   mbarrier_wait(sm.q_full, 0);
-  if (c == 1 && count > 0) named_barrier_arrive(kPingPongBarrier, 256);  // consumer 0 goes first
+  if (c == 1 && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
   for (int n = 0; n < count; ++n) {
     const int j = count - 1 - n, s = n % kStages, prev = (n + kStages - 1) % kStages;
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10c(const __grid_constant__ F
     if (n > 0) mbarrier_wait(&sm.v_full[prev], prev_parity);
     named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
     wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
+    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
     wgmma_commit();
     if (n > 0) {
       gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10c(const __grid_constant__ F
     fence_fragments(p_frag);
     release(&sm.v_empty[s]);
   }
-  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, query0, work.bh, kEpilogueBarrier + c);
+  write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
 }
 
 StepKernel step_10c(int d, Dtype dtype, bool causal) {
@@ -109,11 +110,11 @@ StepKernel step_10c(int d, Dtype dtype, bool causal) {
     using Elem = decltype(elem);
     StepKernel k;
     k.fn = causal ? kernel_address(fwd_10c<D, Elem, true>) : kernel_address(fwd_10c<D, Elem, false>);
-    k.threads = kThreads;
-    k.block_rows = kBlockM;
+    k.threads = TwoConsumers::kThreads;
+    k.block_rows = TwoConsumers::kBlockM;
     k.block_cols = Tile<D>::kBlockN;
     k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D>::bytes_to_allocate;
+    k.smem_bytes = SharedPlan<D, TwoConsumers>::bytes_to_allocate;
     return k;
   });
 }

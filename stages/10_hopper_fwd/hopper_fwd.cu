@@ -13,10 +13,11 @@
 // same online softmax, the same L); the schedule is new. The steps 10a–10d (files beside
 // this one) build it one idea at a time; this file is 10c plus the overlap.
 //
-// Algorithm, one block per (query tile i of B_r = 128 rows, head, batch), 3 warpgroups:
+// Algorithm, one block per (query tile i of B_r rows, head, batch); a producer warpgroup
+// and two consumer warpgroups of 64 rows (B_r = 128), three at d = 64 (B_r = 192):
 //   producer (warpgroup 0, one thread): load Q_i; for j = last … 0 into the ring of kStages:
 //       wait k_empty[s]; TMA K_j → k_full[s];  wait v_empty[s]; TMA V_j → v_full[s]
-//   consumer c ∈ {0, 1} (64 rows each): O = 0, m = −inf, l = 0
+//   consumer c (64 rows each): O = 0, m = −inf, l = 0
 //     for each tile j (n-th visited, buffer s; "prev" = the tile before it):
 //       wait for my turn (ping-pong barrier)                                   ┐ tensor cores:
 //       issue S_j = Q_c·K_jᵀ;  issue O += P_prev·V_prev;  hand the turn over  ┘ mine
@@ -43,33 +44,40 @@
 
 namespace fa::stage10 {
 
+/// The final design's warpgroups at head dim d (two consumers, three at d = 64).
+template <int d>
+using RolesOf = Roles<Tile<d>::kConsumers>;
+
 template <int d, class Elem, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_constant__ FwdParams p) {
+  using R = RolesOf<d>;
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   extern __shared__ unsigned char smem[];
-  const SharedTiles<d, Elem> sm(smem);
-  const BlockWork work = block_work<d, kCausal>(p);
+  const SharedTiles<d, Elem, R> sm(smem);
+  const BlockWork work = block_work<d, kCausal, R>(p);
   const int warpgroup = threadIdx.x / 128, count = work.tiles.count;
 
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (warpgroup == 0) {  // ---- producer ----
-    setmaxnreg_dec<kProducerRegisters>();
+    setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
     return;
   }
   // ---- consumer c: rows [64·c, 64·c + 64) of the query tile ----
-  setmaxnreg_inc<kConsumerRegisters>();
+  setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
-  const int my_turn = kPingPongBarrier + c, other_turn = kPingPongBarrier + 1 - c;
+  // Turns go round the consumers: 0, 1, (2,) 0, 1, ...; consumer c hands over to c + 1.
+  const int my_turn = R::kPingPongBarrier + c, next_turn = R::kPingPongBarrier + (c + 1) % R::kConsumers;
+  const bool last_consumer = c == R::kConsumers - 1;
 
   float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
   uint32_t p_frag[B_c / 16][4];  // P of the previous tile, as wgmma A fragments
   RowState st;
   mbarrier_wait(sm.q_full, 0);
-  if (c == 1 && count > 0) named_barrier_arrive(kPingPongBarrier, 256);  // consumer 0 goes first
+  if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
   if (count > 0) {  // the first tile: S_0 alone (there is no P·V before it)
     const int j = count - 1;
@@ -77,9 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
     mbarrier_wait(&sm.k_full[0], 0);
     named_barrier_sync(my_turn, 256);
     wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(0));
+    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(0));
     wgmma_commit();
-    named_barrier_arrive(other_turn, 256);
+    named_barrier_arrive(next_turn, 256);
     wgmma_wait<0>();
     fence_registers(s_acc);
     release(&sm.k_empty[0]);
@@ -99,11 +107,11 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
     mbarrier_wait(&sm.v_full[prev], prev_parity);
     named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
     wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, kBlockM, sm.k_stage(s));
+    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
     wgmma_commit();
     gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
     wgmma_commit();
-    named_barrier_arrive(other_turn, 256);  // its products may queue behind mine now
+    named_barrier_arrive(next_turn, 256);  // the next consumer's products may queue behind mine now
 
     wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
     fence_registers(s_acc);
@@ -125,13 +133,13 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_10d(const __grid_constant__ F
     wgmma_fence();
     gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
     wgmma_commit();
-    if (c == 0) named_barrier_arrive(other_turn, 256);  // consumer 1's last turn; it hands none back
+    if (!last_consumer) named_barrier_arrive(next_turn, 256);  // the last consumer's last turn hands none on
     wgmma_wait<0>();
     fence_registers(o);
     fence_fragments(p_frag);
     release(&sm.v_empty[s]);
   }
-  write_output<d>(o, st, sm.q, kBlockM, wg_row0, p, query0, work.bh, kEpilogueBarrier + c);
+  write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
 }
 
 StepKernel step_10d(int d, Dtype dtype, bool causal) {
@@ -140,11 +148,11 @@ StepKernel step_10d(int d, Dtype dtype, bool causal) {
     using Elem = decltype(elem);
     StepKernel k;
     k.fn = causal ? kernel_address(fwd_10d<D, Elem, true>) : kernel_address(fwd_10d<D, Elem, false>);
-    k.threads = kThreads;
-    k.block_rows = kBlockM;
+    k.threads = RolesOf<D>::kThreads;
+    k.block_rows = RolesOf<D>::kBlockM;
     k.block_cols = Tile<D>::kBlockN;
     k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D>::bytes_to_allocate;
+    k.smem_bytes = SharedPlan<D, RolesOf<D>>::bytes_to_allocate;
     return k;
   });
 }

@@ -26,19 +26,26 @@ namespace fa::stage10 {
 
 using namespace fa::hopper;
 
-/// The block's threads: warpgroup 0 is the producer (one thread of it issues every TMA),
-/// warpgroups 1 and 2 are consumers owning query rows 0–63 and 64–127 of the tile.
-constexpr int kConsumers = 2;
-constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kBlockM = kRowsPerWarpgroup * kConsumers;  // B_r = 128
-/// Register split (setmaxnreg): 65 536 registers / 384 threads = 170 at launch; the producer
-/// needs few, so it drops to 24 and the consumers rise to 240 (128·24 + 256·240 ≤ 65 536).
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
-/// Named barriers (0 is __syncthreads): the ping-pong pair (ids 1, 2: consumer c waits on
-/// 1 + c) and one per consumer for its epilogue (ids 3, 4).
-constexpr int kPingPongBarrier = 1;
-constexpr int kEpilogueBarrier = 3;
+/// The block's warpgroups: warpgroup 0 is the producer (one thread of it issues every TMA),
+/// warpgroups 1 … kConsumers are consumers, consumer c owning query rows [64c, 64c + 64).
+template <int kConsumers_>
+struct Roles {
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockM = kRowsPerWarpgroup * kConsumers;  // B_r
+  /// Register split (setmaxnreg). Two consumers: 65 536 registers / 384 threads = 170 at
+  /// launch; the producer needs few, so it drops to 24 and the consumers rise to 240
+  /// (128·24 + 256·240 ≤ 65 536). Three consumers (512 threads, 128 at launch): 24 and 160.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
+  /// Named barriers (0 is __syncthreads): one per consumer for the ping-pong (consumer c
+  /// waits on 1 + c) and one per consumer for its epilogue.
+  static constexpr int kPingPongBarrier = 1;
+  static constexpr int kEpilogueBarrier = 1 + kConsumers;
+};
+/// Steps 10b and 10c, and the final design at d = 128 and 256: two consumers, B_r = 128.
+using TwoConsumers = Roles<2>;
 
 /// One arrival per consumer warp on an "empty" barrier: this warp is done with the tile.
 __device__ inline void release(uint64_t* empty_barrier) {
@@ -46,11 +53,11 @@ __device__ inline void release(uint64_t* empty_barrier) {
 }
 
 /// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
-template <int d>
+template <int d, class R>
 struct SharedPlan {
   static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   static constexpr uint32_t q = 0;                                    // Q_i [d/64][B_r][64]
-  static constexpr uint32_t k = q + tile_bytes(kBlockM, d);           // K [kStages][d/64][B_c][64]
+  static constexpr uint32_t k = q + tile_bytes(R::kBlockM, d);           // K [kStages][d/64][B_c][64]
   static constexpr uint32_t v = k + kStages * tile_bytes(B_c, d);     // V, like K
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
   // barriers: q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
@@ -59,7 +66,7 @@ struct SharedPlan {
 };
 
 /// Pointers into the plan for one block.
-template <int d, class Elem>
+template <int d, class Elem, class R>
 struct SharedTiles {
   static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   Elem* q;
@@ -72,7 +79,7 @@ struct SharedTiles {
   uint64_t* v_empty;
 
   __device__ explicit SharedTiles(unsigned char* raw) {
-    using Plan = SharedPlan<d>;
+    using Plan = SharedPlan<d, R>;
     // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
     unsigned char* base = raw + ((1024 - smem_address(raw) % 1024) % 1024);
     q = reinterpret_cast<Elem*>(base + Plan::q);
@@ -93,8 +100,8 @@ struct SharedTiles {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
-      mbarrier_init(&k_empty[s], 4 * kConsumers);  // one arrival per consumer warp
-      mbarrier_init(&v_empty[s], 4 * kConsumers);
+      mbarrier_init(&k_empty[s], 4 * R::kConsumers);  // one arrival per consumer warp
+      mbarrier_init(&v_empty[s], 4 * R::kConsumers);
     }
     fence_barrier_init();
   }
@@ -109,20 +116,20 @@ __device__ inline void load_tile(Elem* dst, int rows, const CUtensorMap* map, ui
     tma_load_3d(reinterpret_cast<unsigned char*>(dst) + c * rows * 128, map, bar, 64 * c, row, bh);
 }
 
-/// The producer: one thread loads Q_i (two boxes of 64 rows per column block), then the K/V
+/// The producer: one thread loads Q_i (a box of 64 rows per consumer and column block), then the K/V
 /// tiles the query tile visits, last to first, into the ring, each as soon as its buffer is
 /// free. It runs ahead of the consumers by up to kStages tiles.
-template <int d, class Elem>
-__device__ inline void produce(const SharedTiles<d, Elem>& sm, const FwdParams& p, int row0, int bh, int bkv,
+template <int d, class Elem, class R>
+__device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int row0, int bh, int bkv,
                                KeyTiles tiles) {
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
-  mbarrier_arrive_expect_tx(sm.q_full, tile_bytes(kBlockM, d));
+  mbarrier_arrive_expect_tx(sm.q_full, tile_bytes(R::kBlockM, d));
 #pragma unroll
   for (int c = 0; c < d / 64; ++c)
 #pragma unroll
-    for (int half = 0; half < kConsumers; ++half)
-      tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * kBlockM * 128 + half * kRowsPerWarpgroup * 128,
-                  &p.map_q, sm.q_full, 64 * c, row0 + half * kRowsPerWarpgroup, bh);
+    for (int w = 0; w < R::kConsumers; ++w)  // one box of 64 rows per consumer
+      tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * R::kBlockM * 128 + w * kRowsPerWarpgroup * 128,
+                  &p.map_q, sm.q_full, 64 * c, row0 + w * kRowsPerWarpgroup, bh);
   // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = n % kStages: wait k_empty[s] for parity ((n / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
   for (int n = 0; n < tiles.count; ++n) {
     const int j = tiles.count - 1 - n, s = n % kStages;
@@ -143,17 +150,17 @@ struct BlockWork {
   KeyTiles tiles;
 };
 
-template <int d, bool kCausal>
+template <int d, bool kCausal, class R>
 __device__ inline BlockWork block_work(const FwdParams& p) {
   // Under a causal mask the last query tiles visit the most key tiles: start them first.
   const int m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.kv_heads);  // grouped-query attention
   BlockWork w;
-  w.row0 = m_block * kBlockM;
+  w.row0 = m_block * R::kBlockM;
   w.bh = batch * p.heads + head;
   w.bkv = batch * p.kv_heads + kv_head;
-  w.tiles = key_tiles(w.row0, kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
+  w.tiles = key_tiles(w.row0, R::kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
   return w;
 }
 

@@ -19,6 +19,10 @@ struct Tile {
   static constexpr int kHeadDim = d;
   static constexpr int kBlockN = d == 256 ? 64 : 128;  // B_c
   static constexpr int kStages = d == 64 ? 4 : 2;
+  /// Consumer warpgroups of the final design: at d = 64 a tile's exponentials cost as much
+  /// as its two products, so a third consumer (B_r = 192) keeps the tensor cores fed while
+  /// two of them are in their softmax.
+  static constexpr int kConsumers = d == 64 ? 3 : 2;
   static constexpr int kColumnBlocks = d / 64;  // 128-byte-wide blocks per row
 };
 
