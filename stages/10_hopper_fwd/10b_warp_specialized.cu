@@ -51,6 +51,9 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
   setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
+  // The block visits the tiles any of its rows needs; a tile is masked only where it
+  // crosses the diagonal (or the end of the keys) for one of *this* warpgroup's rows.
+  const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
 
   float o[d / 2] = {};  // O_i, [64, d] over the warpgroup
   RowState st;
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
     fence_registers(s_acc);
     release(&sm.k_empty[s]);
 
-    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
     rescale_o<d>(o, softmax_tile<B_c>(s_acc, st, p.scale_log2));
     uint32_t p_frag[B_c / 16][4];  // P as wgmma A fragments
     pack_p<B_c, Elem>(s_acc, p_frag);

@@ -52,6 +52,9 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
   setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
+  // The block visits the tiles any of its rows needs; a tile is masked only where it
+  // crosses the diagonal (or the end of the keys) for one of *this* warpgroup's rows.
+  const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
   const int my_turn = R::kPingPongBarrier + c, other_turn = R::kPingPongBarrier + 1 - c;
 
   float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
     fence_fragments(p_frag);
     release(&sm.k_empty[s]);
     if (n > 0) release(&sm.v_empty[prev]);
-    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
     const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);
     rescale_o<d>(o, alpha);
     pack_p<B_c, Elem>(s_acc, p_frag);

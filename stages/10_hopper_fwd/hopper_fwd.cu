@@ -69,6 +69,9 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
   setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
+  // The block visits the tiles any of its rows needs; a tile is masked only where it
+  // crosses the diagonal (or the end of the keys) for one of *this* warpgroup's rows.
+  const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
   // Turns go round the consumers: 0, 1, (2,) 0, 1, ...; consumer c hands over to c + 1.
   const int my_turn = R::kPingPongBarrier + c, next_turn = R::kPingPongBarrier + (c + 1) % R::kConsumers;
   const bool last_consumer = c == R::kConsumers - 1;
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
     wgmma_wait<0>();
     fence_registers(s_acc);
     release(&sm.k_empty[0]);
-    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
     softmax_tile<B_c>(s_acc, st, p.scale_log2);  // O is still 0: nothing to rescale
     pack_p<B_c, Elem>(s_acc, p_frag);
   }
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
     wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
     fence_registers(s_acc);
     release(&sm.k_empty[s]);
-    if (j >= work.tiles.first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
     const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);  // the exponentials hide under P·V
 
     wgmma_wait<0>();  // P_prev·V_prev is done: O and p_frag are ours again
