@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
+//! [roles]
   if (warpgroup == 0) {  // ---- producer ----
     setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
   }
   // ---- consumer: rows [64·c, 64·c + 64) of the query tile ----
   setmaxnreg_inc<R::kConsumerRegisters>();
+//! [roles]
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
   // The block visits the tiles any of its rows needs; a tile is masked only where it

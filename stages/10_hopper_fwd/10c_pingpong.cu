@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
     float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
     if (n > 0) mbarrier_wait(&sm.v_full[prev], prev_parity);
+//! [ping-pong turn]
     named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
     wgmma_fence();
     gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
       wgmma_commit();
     }
     named_barrier_arrive(other_turn, 256);  // its products may queue behind mine now
+//! [ping-pong turn]
 
     wgmma_wait<0>();  // S_j and P_prev·V_prev are done
     fence_registers(s_acc);

@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
   // Every later tile: two groups in flight, S_j then P_prev·V_prev. The loop body is the
   // same on every pass, so the compiler sees which group each wait completes (a first pass
   // with one group would make it serialize every wgmma).
+//! [overlapped loop]
   for (int n = 1; n < count; ++n) {
     const int j = count - 1 - n, s = n % kStages, prev = (n - 1) % kStages;
     const uint32_t parity = (n / kStages) & 1, prev_parity = ((n - 1) / kStages) & 1;
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
     rescale_o<d>(o, alpha);
     pack_p<B_c, Elem>(s_acc, p_frag);
   }
+//! [overlapped loop]
   if (count > 0) {  // the last tile's P·V
     const int s = (count - 1) % kStages;
     mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);

@@ -130,6 +130,7 @@ __device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParam
     for (int w = 0; w < R::kConsumers; ++w)  // one box of 64 rows per consumer
       tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * R::kBlockM * 128 + w * kRowsPerWarpgroup * 128,
                   &p.map_q, sm.q_full, 64 * c, row0 + w * kRowsPerWarpgroup, bh);
+//! [producer loop]
   // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = n % kStages: wait k_empty[s] for parity ((n / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
   for (int n = 0; n < tiles.count; ++n) {
     const int j = tiles.count - 1 - n, s = n % kStages;
@@ -142,6 +143,7 @@ __device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParam
     load_tile<d>(sm.v_stage(s), B_c, &p.map_v, &sm.v_full[s], j * B_c, bkv);
   }
   // LAB END
+//! [producer loop]
 }
 
 /// Which query tile, head and batch this block computes, and the key tiles it visits.

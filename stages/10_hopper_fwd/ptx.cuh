@@ -59,6 +59,7 @@ __device__ inline void mbarrier_arrive(uint64_t* bar) {
 
 /// True when the phase of parity `parity` has completed (the instruction may also wait a
 /// little in hardware before answering false).
+//! [mbarrier wait]
 __device__ inline bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
@@ -76,6 +77,7 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   while (!mbarrier_try_wait(bar, parity)) {
   }
 }
+//! [mbarrier wait]
 
 // ---- TMA (cp.async.bulk.tensor) --------------------------------------------------------
 

@@ -67,6 +67,7 @@ __device__ inline void mask_tile(float (&s)[B_c / 2], int query0, int key0, int 
 ///   l ← α·l + rowsum P;  m ← m'
 /// Returns α for both rows (O must be rescaled by it before P·V is added). A row that has
 /// seen only masked keys keeps m = −inf; its exponent base is taken as 0 so P = 0, not NaN.
+//! [softmax on fragments]
 template <int B_c>
 __device__ inline float2 softmax_tile(float (&s)[B_c / 2], RowState& st, float scale_log2) {
   float alpha[2];
@@ -95,6 +96,7 @@ __device__ inline float2 softmax_tile(float (&s)[B_c / 2], RowState& st, float s
   }
   return make_float2(alpha[0], alpha[1]);
 }
+//! [softmax on fragments]
 
 /// O ← α·O, row by row (α from softmax_tile).
 template <int d>

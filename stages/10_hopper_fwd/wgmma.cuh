@@ -59,6 +59,7 @@ namespace fa::hopper {
 
 /// Descriptor of a 128-byte-swizzled operand starting at `p` (an address inside a
 /// 1024-byte-aligned column block); strides in bytes.
+//! [descriptor]
 __device__ inline uint64_t smem_descriptor(const void* p, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   uint64_t desc = 0;
   // LAB BEGIN: wgmma descriptor — hint: bits 0–13 the shared address >> 4, 16–29 LBO >> 4, 32–45 SBO >> 4, bit 62 set for the 128-byte swizzle
@@ -69,6 +70,7 @@ __device__ inline uint64_t smem_descriptor(const void* p, uint32_t lbo_bytes, ui
   // LAB END
   return desc;
 }
+//! [descriptor]
 
 /// Every earlier register write (A fragments, accumulators) is visible to the next wgmma.
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -95,6 +97,7 @@ constexpr uint32_t column_block_bytes(int rows) { return uint32_t(rows) * 128u; 
 /// S[64, N] = A[64, d] · B[N, d]ᵀ with both operands K-major in shared memory: `a` is the
 /// first row of this warpgroup's 64 rows in a tile of `a_rows` rows, `b` the first of the
 /// N rows of a tile of N rows. d/16 instructions in one group (not committed here).
+//! [gemm qk]
 template <int d, int N, class Elem>
 __device__ inline void gemm_qk(float (&acc)[N / 2], const Elem* a, int a_rows, const Elem* b) {
   const auto* a_bytes = reinterpret_cast<const unsigned char*>(a);
@@ -107,6 +110,7 @@ __device__ inline void gemm_qk(float (&acc)[N / 2], const Elem* a, int a_rows, c
     wgmma_ss(WgmmaShape<N>{}, Elem{}, acc, da, db, k > 0);
   }
 }
+//! [gemm qk]
 
 /// O[64, d] += P[64, B_c] · V[B_c, d], P as A fragments in registers (B_c/16 of them),
 /// V MN-major in shared memory (a [B_c, d] tile as d/64 column blocks).
