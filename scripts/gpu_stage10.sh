@@ -32,10 +32,12 @@ if [[ ${FA10_BENCH:-1} == 1 ]]; then
   for step in ${FA10_STEPS:-10a 10b 10c 10d}; do
     for d in ${FA10_DIMS:-64 128 256}; do
       for causal in "" "--causal"; do
-        h=$((2048 / d))
-        echo "== bench $step d=$d $causal"
-        timeout 60 $S --step $step --dtype bf16 --head-dim $d --heads $h --batch 4 --seq-q 4096 --seq-k 4096 $causal \
-          --bench --repeat 20 2>&1 | grep -E "TFLOP|PASS|FAIL|registers|rror" | head -4
+        for n in ${FA10_NS:-4096}; do
+          h=$((2048 / d)) b=$((16384 / n))
+          echo "== bench $step d=$d N=$n $causal"
+          timeout 60 $S --step $step --dtype bf16 --head-dim $d --heads $h --batch $b --seq-q $n --seq-k $n $causal \
+            --bench --repeat 20 2>&1 | grep -E "TFLOP|PASS|FAIL|rror" | head -4
+        done
       done
     done
   done 2>&1 | tee "$OUT/bench.log"

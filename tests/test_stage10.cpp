@@ -33,6 +33,15 @@ constexpr auto make = &fa::test::make_problem;
 
 }  // namespace
 
+// First rows of the query tiles: from the start (step 10a) and from the end (10b–10d,
+// whose first tile may begin below row 0).
+std::vector<int> tile_starts(int seq_q, int rows) {
+  std::vector<int> starts;
+  for (int row0 = 0; row0 < seq_q; row0 += rows) starts.push_back(row0);
+  for (int row0 = seq_q - rows; row0 > -rows; row0 -= rows) starts.push_back(row0);
+  return starts;
+}
+
 TEST_SUITE("cpu") {
   TEST_CASE("10: key tiles: every visible key is visited, nothing past the band, unmasked tiles are whole") {
     int checked = 0;
@@ -41,7 +50,7 @@ TEST_SUITE("cpu") {
         for (int seq_q : {1, 63, 64, 65, 130, 300})
           for (int seq_k : {0, 1, 63, 64, 129, 300, 513})
             for (bool causal : {false, true})
-              for (int row0 = 0; row0 < seq_q; row0 += rows) {
+              for (int row0 : tile_starts(seq_q, rows)) {
                 const fa::Problem p = make(1, 1, 1, seq_q, seq_k, 64, causal);
                 const auto t = fa::stage10::key_tiles(row0, rows, seq_q, seq_k, B_c, causal);
                 CAPTURE(B_c);
@@ -53,11 +62,11 @@ TEST_SUITE("cpu") {
                 REQUIRE(t.count >= 0);
                 REQUIRE(t.first_masked <= t.count);
                 int64_t last_needed = 0;  // keys visible to any row of the tile
-                for (int i = row0; i < std::min(row0 + rows, seq_q); ++i)
+                for (int i = std::max(row0, 0); i < std::min(row0 + rows, seq_q); ++i)
                   last_needed = std::max(last_needed, p.visible_keys(i));
                 CHECK(t.count == (last_needed + B_c - 1) / B_c);  // every needed tile, no more
                 for (int j = 0; j < t.first_masked; ++j)          // unmasked tiles: whole for every row
-                  for (int i = row0; i < std::min(row0 + rows, seq_q); ++i)
+                  for (int i = std::max(row0, 0); i < std::min(row0 + rows, seq_q); ++i)
                     CHECK(p.visible_keys(i) >= int64_t(j + 1) * B_c);
                 ++checked;
               }

@@ -154,12 +154,15 @@ struct BlockWork {
 
 template <int d, bool kCausal, class R>
 __device__ inline BlockWork block_work(const FwdParams& p) {
-  // Under a causal mask the last query tiles visit the most key tiles: start them first.
-  const int m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  // Query tiles are counted from the end of the sequence, the last tile first: under a
+  // causal mask the last tiles visit the most key tiles, so they start first; and when B_r
+  // does not divide seq_q, the partial tile is the first one (its rows below 0 read zeros
+  // and are never written), the tile that sees the fewest keys, not the most.
+  const int from_end = int(blockIdx.x);
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.kv_heads);  // grouped-query attention
   BlockWork w;
-  w.row0 = m_block * R::kBlockM;
+  w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;  // may be negative: see above
   w.bh = batch * p.heads + head;
   w.bkv = batch * p.kv_heads + kv_head;
   w.tiles = key_tiles(w.row0, R::kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);

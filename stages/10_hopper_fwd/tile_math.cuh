@@ -149,7 +149,7 @@ __device__ inline void fence_fragments(uint32_t (&p)[kSlices][4]) {
 /// own 64 rows of the Q tile in shared memory (its Q is no longer needed) in the 128-byte
 /// swizzled layout (conflict-free: a warp's 8 rows of one column block hit 8 different
 /// 16-byte chunks), then copied out in 16-byte pieces, a row's d/8 pieces by consecutive
-/// threads (coalesced), rows past seq_q skipped. L = scale·m + ln l comes straight from
+/// threads (coalesced), rows outside [0, seq_q) skipped. L = scale·m + ln l comes straight from
 /// registers. A row that saw no key has l = 0: O = 0, L = −inf. `q_tile` is the block's Q
 /// tile ([d/64][tile_rows][64]), `wg_row0` this warpgroup's first row in it, `query0` its
 /// first query index, `barrier_id` a named barrier for the warpgroup's 128 threads.
@@ -182,7 +182,7 @@ __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile
   auto* O = static_cast<unsigned char*>(p.O) + (int64_t(bh) * p.seq_q + query0) * int64_t(d) * 2;
   for (int i = threadIdx.x % 128; i < kRowsPerWarpgroup * d / 8; i += 128) {
     const int row = i / (d / 8), chunk = i % (d / 8);
-    if (query0 + row < p.seq_q)
+    if (query0 + row >= 0 && query0 + row < p.seq_q)
       *reinterpret_cast<uint4*>(O + (int64_t(row) * d + chunk * 8) * 2) =
           *reinterpret_cast<const uint4*>(tile + chunk_at(wg_row0 + row, chunk));
   }
@@ -190,7 +190,7 @@ __device__ inline void write_output(float (&o)[d / 2], RowState st, Elem* q_tile
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int q = query0 + fragment_row(r);
-      if (q < p.seq_q) p.L[int64_t(bh) * p.seq_q + q] = L[r];
+      if (q >= 0 && q < p.seq_q) p.L[int64_t(bh) * p.seq_q + q] = L[r];
     }
 }
 
