@@ -17,7 +17,7 @@ cmake -S . -B $BUILD "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITE
 cmake --build $BUILD -j "$(nproc)" --target stage10 >>"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 S=$BUILD/stages/10_hopper_fwd/stage10
 {
-for step in 10a 10b 10c 10d; do
+for step in ${FA10_CHECK_STEPS:-10a 10b 10c 10d 10e}; do
   for args in "--head-dim 64 --seq-q 300 --seq-k 513 --heads 4 --kv-heads 2 --causal" \
               "--head-dim 128 --seq-q 257 --seq-k 1000" \
               "--head-dim 128 --seq-q 1025 --seq-k 1025 --causal" \

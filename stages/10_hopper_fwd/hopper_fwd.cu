@@ -1,7 +1,8 @@
 // Stage 10 — FlashAttention's forward on Hopper's own units: TMA loads completing on
 // mbarriers, asynchronous warpgroup MMA (wgmma), warp specialization with register
-// reallocation, ping-pong between two consumer warpgroups, and the softmax of one tile
-// overlapped with the P·V product of the tile before (step 10d, the final design).
+// reallocation, ping-pong between consumer warpgroups, the softmax of one tile overlapped
+// with the P·V product of the tile before, and a persistent block per SM (step 10e, the
+// final design).
 //
 // What changed from stage 08, and why: stage 08 is FlashAttention-2 on mma.sync, and on an
 // H200 mma.sync plateaus near half the tensor cores' rate: each warp issues its own small
@@ -11,20 +12,28 @@
 // warpgroup of 128 threads issue a 64 × N × 16 product that reads B (and A) straight from
 // shared memory and runs asynchronously. The algorithm is stage 08's (the same tiles, the
 // same online softmax, the same L); the schedule is new. The steps 10a–10d (files beside
-// this one) build it one idea at a time; this file is 10c plus the overlap.
+// this one) build it one idea at a time; this file is 10d made persistent.
 //
-// Algorithm, one block per (query tile i of B_r rows, head, batch); a producer warpgroup
-// and two consumer warpgroups of 64 rows (B_r = 128), three at d = 64 (B_r = 192):
-//   producer (warpgroup 0, one thread): load Q_i; for j = last … 0 into the ring of kStages:
-//       wait k_empty[s]; TMA K_j → k_full[s];  wait v_empty[s]; TMA V_j → v_full[s]
-//   consumer c (64 rows each): O = 0, m = −inf, l = 0
-//     for each tile j (n-th visited, buffer s; "prev" = the tile before it):
+// What changed from 10d, and why: in 10d a block computes one query tile and ends; the
+// next block on the SM starts by loading Q and waiting for its first K tile, and nothing
+// overlaps the epilogue. Here the grid has one block per SM, each looping over a list of
+// query tiles (heaviest first); the producer loads the next tile's K/V while the consumers
+// are still finishing the current one, and the ring of K/V buffers and its phases simply
+// continue from one query tile to the next.
+//
+// Algorithm, one block per SM; a producer warpgroup and two consumer warpgroups of 64 rows
+// (B_r = 128), three at d = 64 (B_r = 192):
+//   producer (one thread): for each of the block's query tiles (i, head, batch):
+//       wait q_empty; TMA Q_i → q_full;  for j = last … 0: wait k_empty[s]; TMA K_j → k_full[s];
+//       wait v_empty[s]; TMA V_j → v_full[s]   (s and its phase count on across query tiles)
+//   consumer c (64 rows), for each of the block's query tiles: O = 0, m = −inf, l = 0; wait q_full
+//     for each key tile j ("prev" = the tile before it):
 //       wait for my turn (ping-pong barrier)                                   ┐ tensor cores:
 //       issue S_j = Q_c·K_jᵀ;  issue O += P_prev·V_prev;  hand the turn over  ┘ mine
 //       wait for S_j only;  release K_j;  mask on-band tiles
 //       m' = max(m, rowmax S_j); P_j = e^{scale(S_j − m')}; α = e^{scale(m − m')}   ← under P·V
 //       wait for P_prev·V_prev;  release V_prev;  O ← α·O;  l ← α·l + rowsum P_j
-//     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → global;  L → global
+//     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → global;  release Q_i
 //
 // Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
 // (DESIGN §3); query head h reads kv head h / (heads / kv_heads). Limits: bf16 and f16;
@@ -44,120 +53,132 @@
 
 namespace fa::stage10 {
 
-/// The final design's warpgroups at head dim d (two consumers, three at d = 64).
-template <int d>
-using RolesOf = Roles<Tile<d>::kConsumers>;
-
 template <int d, class Elem, bool kCausal>
-__global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_constant__ FwdParams p) {
   using R = RolesOf<d>;
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   extern __shared__ unsigned char smem[];
   const SharedTiles<d, Elem, R> sm(smem);
-  const BlockWork work = block_work<d, kCausal, R>(p);
-  const int warpgroup = threadIdx.x / 128, count = work.tiles.count;
+  const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
+  //! [persistent producer]
   if (warpgroup == 0) {  // ---- producer ----
     setmaxnreg_dec<R::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<d>(sm, p, work.row0, work.bh, work.bkv, work.tiles);
+    if (threadIdx.x == 0) {
+      int ring = 0;  // K/V tiles put into the ring so far, over all of this block's query tiles
+      for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
+        const BlockWork work = tile_work<d, kCausal, R>(p, t);
+        mbarrier_wait(sm.q_empty, (round & 1) ^ 1);  // the consumers are done with the last Q_i
+        load_q(sm, p, work.row0, work.bh);
+        load_kv(sm, p, work.bkv, work.tiles, ring);
+        ring += work.tiles.count;
+      }
+    }
     return;
   }
-  // ---- consumer c: rows [64·c, 64·c + 64) of the query tile ----
+  //! [persistent producer]
+  // ---- consumer c: rows [64·c, 64·c + 64) of every query tile ----
   setmaxnreg_inc<R::kConsumerRegisters>();
-  const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup, query0 = work.row0 + wg_row0;
+  const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup;
   const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
-  // The block visits the tiles any of its rows needs; a tile is masked only where it
-  // crosses the diagonal (or the end of the keys) for one of *this* warpgroup's rows.
-  const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
   // Turns go round the consumers: 0, 1, (2,) 0, 1, ...; consumer c hands over to c + 1.
   const int my_turn = R::kPingPongBarrier + c, next_turn = R::kPingPongBarrier + (c + 1) % R::kConsumers;
   const bool last_consumer = c == R::kConsumers - 1;
 
-  float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
-  uint32_t p_frag[B_c / 16][4];  // P of the previous tile, as wgmma A fragments
-  RowState st;
-  mbarrier_wait(sm.q_full, 0);
-  if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
+  int ring = 0;  // as the producer's
+  for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
+    const BlockWork work = tile_work<d, kCausal, R>(p, t);
+    const int count = work.tiles.count, query0 = work.row0 + wg_row0;
+    // A key tile is masked only where it crosses the diagonal (or the end of the keys) for
+    // one of this warpgroup's rows.
+    const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
 
-  if (count > 0) {  // the first tile: S_0 alone (there is no P·V before it)
-    const int j = count - 1;
-    float s_acc[B_c / 2];
-    mbarrier_wait(&sm.k_full[0], 0);
-    named_barrier_sync(my_turn, 256);
-    wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(0));
-    wgmma_commit();
-    named_barrier_arrive(next_turn, 256);
-    wgmma_wait<0>();
-    fence_registers(s_acc);
-    release(&sm.k_empty[0]);
-    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
-    softmax_tile<B_c>(s_acc, st, p.scale_log2);  // O is still 0: nothing to rescale
-    pack_p<B_c, Elem>(s_acc, p_frag);
+    float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
+    uint32_t p_frag[B_c / 16][4];  // P of the previous key tile, as wgmma A fragments
+    RowState st;
+    mbarrier_wait(sm.q_full, round & 1);
+    if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
+
+    if (count > 0) {  // the first key tile: S alone (there is no P·V before it)
+      const int j = count - 1, s = ring % kStages;
+      float s_acc[B_c / 2];
+      mbarrier_wait(&sm.k_full[s], (ring / kStages) & 1);
+      named_barrier_sync(my_turn, 256);
+      wgmma_fence();
+      gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
+      wgmma_commit();
+      named_barrier_arrive(next_turn, 256);
+      wgmma_wait<0>();
+      fence_registers(s_acc);
+      release(&sm.k_empty[s]);
+      if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+      softmax_tile<B_c>(s_acc, st, p.scale_log2);  // O is still 0: nothing to rescale
+      pack_p<B_c, Elem>(s_acc, p_frag);
+    }
+    for (int n = 1; n < count; ++n) {  // every later key tile: S_j and P_prev·V_prev in flight
+      const int j = count - 1 - n, g = ring + n, s = g % kStages, prev = (g - 1) % kStages;
+      float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
+      mbarrier_wait(&sm.k_full[s], (g / kStages) & 1);
+      mbarrier_wait(&sm.v_full[prev], ((g - 1) / kStages) & 1);
+      named_barrier_sync(my_turn, 256);  // the consumer before me has issued its products
+      wgmma_fence();
+      gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
+      wgmma_commit();
+      gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
+      wgmma_commit();
+      named_barrier_arrive(next_turn, 256);  // the next consumer's products may queue behind mine
+
+      wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
+      fence_registers(s_acc);
+      release(&sm.k_empty[s]);
+      if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
+      const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);  // the exponentials hide under P·V
+
+      wgmma_wait<0>();  // P_prev·V_prev is done: O and p_frag are ours again
+      fence_registers(o);
+      fence_fragments(p_frag);
+      release(&sm.v_empty[prev]);
+      rescale_o<d>(o, alpha);
+      pack_p<B_c, Elem>(s_acc, p_frag);
+    }
+    if (count > 0) {  // the last key tile's P·V
+      const int g = ring + count - 1, s = g % kStages;
+      mbarrier_wait(&sm.v_full[s], (g / kStages) & 1);
+      named_barrier_sync(my_turn, 256);
+      wgmma_fence();
+      gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
+      wgmma_commit();
+      if (!last_consumer) named_barrier_arrive(next_turn, 256);  // the last consumer's last turn hands none on
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_fragments(p_frag);
+      release(&sm.v_empty[s]);
+    }
+    write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
+    // The next TMA into the Q tile (async proxy) must come after this warp's ordinary reads
+    // and writes of it (generic proxy): fence, then release the tile.
+    fence_proxy_async_smem();
+    __syncwarp();
+    release(sm.q_empty);
+    ring += count;
   }
-  // Every later tile: two groups in flight, S_j then P_prev·V_prev. The loop body is the
-  // same on every pass, so the compiler sees which group each wait completes (a first pass
-  // with one group would make it serialize every wgmma).
-//! [overlapped loop]
-  for (int n = 1; n < count; ++n) {
-    const int j = count - 1 - n, s = n % kStages, prev = (n - 1) % kStages;
-    const uint32_t parity = (n / kStages) & 1, prev_parity = ((n - 1) / kStages) & 1;
-
-    float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
-    mbarrier_wait(&sm.k_full[s], parity);
-    mbarrier_wait(&sm.v_full[prev], prev_parity);
-    named_barrier_sync(my_turn, 256);  // the other consumer has issued its products
-    wgmma_fence();
-    gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
-    wgmma_commit();
-    gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
-    wgmma_commit();
-    named_barrier_arrive(next_turn, 256);  // the next consumer's products may queue behind mine now
-
-    wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
-    fence_registers(s_acc);
-    release(&sm.k_empty[s]);
-    if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
-    const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);  // the exponentials hide under P·V
-
-    wgmma_wait<0>();  // P_prev·V_prev is done: O and p_frag are ours again
-    fence_registers(o);
-    fence_fragments(p_frag);
-    release(&sm.v_empty[prev]);
-    rescale_o<d>(o, alpha);
-    pack_p<B_c, Elem>(s_acc, p_frag);
-  }
-//! [overlapped loop]
-  if (count > 0) {  // the last tile's P·V
-    const int s = (count - 1) % kStages;
-    mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);
-    named_barrier_sync(my_turn, 256);
-    wgmma_fence();
-    gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
-    wgmma_commit();
-    if (!last_consumer) named_barrier_arrive(next_turn, 256);  // the last consumer's last turn hands none on
-    wgmma_wait<0>();
-    fence_registers(o);
-    fence_fragments(p_frag);
-    release(&sm.v_empty[s]);
-  }
-  write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
 }
 
-StepKernel step_10d(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10d", [&](auto dim, auto elem) {
+StepKernel step_10e(int d, Dtype dtype, bool causal) {
+  return make_step_kernel(d, dtype, "10e", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     StepKernel k;
-    k.fn = causal ? kernel_address(fwd_10d<D, Elem, true>) : kernel_address(fwd_10d<D, Elem, false>);
+    k.fn = causal ? kernel_address(fwd_10e<D, Elem, true>) : kernel_address(fwd_10e<D, Elem, false>);
     k.threads = RolesOf<D>::kThreads;
     k.block_rows = RolesOf<D>::kBlockM;
     k.block_cols = Tile<D>::kBlockN;
     k.stages = Tile<D>::kStages;
     k.smem_bytes = SharedPlan<D, RolesOf<D>>::bytes_to_allocate;
+    k.persistent = true;
     return k;
   });
 }

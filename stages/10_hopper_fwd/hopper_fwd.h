@@ -15,13 +15,14 @@
 
 namespace fa::stage10 {
 
-/// The steps of the stage, in reading order; `Auto` runs the final design (10d).
+/// The steps of the stage, in reading order; `Auto` runs the final design (10e).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization
 ///   10b  warp specialization: a producer warp, two consumer warpgroups, setmaxnreg
 ///   10c  ping-pong: named barriers let one warpgroup's softmax run under the other's GEMMs
-///   10d  intra-warpgroup overlap: S_{j} is issued with P_{j−1}·V_{j−1}, softmax under it
-enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4 };
-const std::vector<std::string>& step_names();  ///< "auto", "10a", "10b", "10c", "10d"
+///   10d  intra-warpgroup overlap: the softmax of S_j runs under P_{j−1}·V_{j−1}
+///   10e  persistent: one block per SM loops over the query tiles, heaviest first
+enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5 };
+const std::vector<std::string>& step_names();  ///< "auto", "10a", "10b", "10c", "10d", "10e"
 
 /// Settings that select a kernel. Per thread: a thread's options never change what
 /// another thread runs.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -55,20 +56,31 @@ StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
     case Step::A: return step_10a(d, dtype, causal);
     case Step::B: return step_10b(d, dtype, causal);
     case Step::C: return step_10c(d, dtype, causal);
-    case Step::D:
+    case Step::D: return step_10d(d, dtype, causal);
+    case Step::E:
     case Step::Auto: break;
   }
-  return step_10d(d, dtype, causal);
+  return step_10e(d, dtype, causal);
+}
+
+int64_t query_tiles(const Problem& p, const StepKernel& k) {
+  return int64_t((p.seq_q + k.block_rows - 1) / k.block_rows) * p.heads * p.batch;
 }
 
 dim3 grid_for(const Problem& p, const StepKernel& k) {
+  if (k.persistent) {  // one block per SM, each looping over the query tiles
+    int device = 0, sms = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return dim3(unsigned(std::min<int64_t>(sms, query_tiles(p, k))));
+  }
   return dim3(unsigned((p.seq_q + k.block_rows - 1) / k.block_rows), unsigned(p.heads), unsigned(p.batch));
 }
 
 }  // namespace
 
 const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d"};
+  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e"};
   return names;
 }
 
@@ -111,10 +123,15 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   }
   params.O = O;
   params.L = L;
+  params.batch = p.batch;
   params.heads = p.heads;
   params.kv_heads = p.kv_heads;
   params.seq_q = p.seq_q;
   params.seq_k = p.seq_k;
+  if (query_tiles(p, k) > INT32_MAX)
+    throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(query_tiles(p, k)) +
+                                " query tiles (seq_q / B_r · heads · batch) exceed the tile counter's 2^31 − 1");
+  params.tiles_total = int(query_tiles(p, k));
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
@@ -130,7 +147,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
   FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.emplace_back("step", o.step == Step::Auto ? "10d (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("step", o.step == Step::Auto ? "10e (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_r = " + std::to_string(k.block_rows) + ", B_c = " + std::to_string(k.block_cols) +
                                 ", " + std::to_string(k.stages) + " K/V stages");
   const auto launch = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);

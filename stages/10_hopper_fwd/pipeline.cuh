@@ -44,8 +44,11 @@ struct Roles {
   static constexpr int kPingPongBarrier = 1;
   static constexpr int kEpilogueBarrier = 1 + kConsumers;
 };
-/// Steps 10b and 10c, and the final design at d = 128 and 256: two consumers, B_r = 128.
+/// Steps 10b and 10c: two consumers, B_r = 128.
 using TwoConsumers = Roles<2>;
+/// Steps 10d and 10e at head dim d: two consumers, three at d = 64 (traits.h says why).
+template <int d>
+using RolesOf = Roles<Tile<d>::kConsumers>;
 
 /// One arrival per consumer warp on an "empty" barrier: this warp is done with the tile.
 __device__ inline void release(uint64_t* empty_barrier) {
@@ -60,8 +63,8 @@ struct SharedPlan {
   static constexpr uint32_t k = q + tile_bytes(R::kBlockM, d);           // K [kStages][d/64][B_c][64]
   static constexpr uint32_t v = k + kStages * tile_bytes(B_c, d);     // V, like K
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
-  // barriers: q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
-  static constexpr uint32_t bytes = barriers + 8 * (1 + 4 * kStages);
+  // barriers: q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
+  static constexpr uint32_t bytes = barriers + 8 * (2 + 4 * kStages);
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
 };
 
@@ -73,6 +76,7 @@ struct SharedTiles {
   Elem* k;
   Elem* v;
   uint64_t* q_full;
+  uint64_t* q_empty;  ///< the persistent kernel (10e) reloads Q_i once the consumers are done with it
   uint64_t* k_full;
   uint64_t* v_full;
   uint64_t* k_empty;
@@ -86,7 +90,8 @@ struct SharedTiles {
     k = reinterpret_cast<Elem*>(base + Plan::k);
     v = reinterpret_cast<Elem*>(base + Plan::v);
     q_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
-    k_full = q_full + 1;
+    q_empty = q_full + 1;
+    k_full = q_full + 2;
     v_full = k_full + kStages;
     k_empty = v_full + kStages;
     v_empty = k_empty + kStages;
@@ -97,6 +102,7 @@ struct SharedTiles {
   /// One thread: every barrier's arrival count, made visible to the copy engine.
   __device__ void init_barriers() const {
     mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, 4 * R::kConsumers);
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
@@ -116,25 +122,31 @@ __device__ inline void load_tile(Elem* dst, int rows, const CUtensorMap* map, ui
     tma_load_3d(reinterpret_cast<unsigned char*>(dst) + c * rows * 128, map, bar, 64 * c, row, bh);
 }
 
-/// The producer: one thread loads Q_i (a box of 64 rows per consumer and column block), then the K/V
-/// tiles the query tile visits, last to first, into the ring, each as soon as its buffer is
-/// free. It runs ahead of the consumers by up to kStages tiles.
+/// The producer's Q_i: one box of 64 rows per consumer and column block, on q_full.
 template <int d, class Elem, class R>
-__device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int row0, int bh, int bkv,
-                               KeyTiles tiles) {
-  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+__device__ inline void load_q(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int row0, int bh) {
   mbarrier_arrive_expect_tx(sm.q_full, tile_bytes(R::kBlockM, d));
 #pragma unroll
   for (int c = 0; c < d / 64; ++c)
 #pragma unroll
-    for (int w = 0; w < R::kConsumers; ++w)  // one box of 64 rows per consumer
+    for (int w = 0; w < R::kConsumers; ++w)
       tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * R::kBlockM * 128 + w * kRowsPerWarpgroup * 128,
                   &p.map_q, sm.q_full, 64 * c, row0 + w * kRowsPerWarpgroup, bh);
-//! [producer loop]
-  // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = n % kStages: wait k_empty[s] for parity ((n / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
+}
+
+/// The producer's K/V tiles: those the query tile visits, last to first, into the ring, each
+/// as soon as its buffer is free. `ring` counts the tiles this block has put into the ring
+/// before (0 for a block with one query tile), so the n-th use of the ring, over all of the
+/// block's query tiles, takes buffer n % kStages and phase n / kStages.
+template <int d, class Elem, class R>
+__device__ inline void load_kv(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int bkv, KeyTiles tiles,
+                               int ring = 0) {
+  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  //! [producer loop]
+  // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = (ring + n) % kStages: wait k_empty[s] for parity (((ring + n) / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
   for (int n = 0; n < tiles.count; ++n) {
-    const int j = tiles.count - 1 - n, s = n % kStages;
-    const uint32_t parity = (n / kStages) & 1;
+    const int j = tiles.count - 1 - n, s = (ring + n) % kStages;
+    const uint32_t parity = ((ring + n) / kStages) & 1;
     mbarrier_wait(&sm.k_empty[s], parity ^ 1);  // the consumers released K of this buffer
     mbarrier_arrive_expect_tx(&sm.k_full[s], tile_bytes(B_c, d));
     load_tile<d>(sm.k_stage(s), B_c, &p.map_k, &sm.k_full[s], j * B_c, bkv);
@@ -143,7 +155,15 @@ __device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParam
     load_tile<d>(sm.v_stage(s), B_c, &p.map_v, &sm.v_full[s], j * B_c, bkv);
   }
   // LAB END
-//! [producer loop]
+  //! [producer loop]
+}
+
+/// The producer of a block with one query tile (10b–10d): Q_i, then its K/V tiles.
+template <int d, class Elem, class R>
+__device__ inline void produce(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int row0, int bh, int bkv,
+                               KeyTiles tiles) {
+  load_q(sm, p, row0, bh);
+  load_kv(sm, p, bkv, tiles);
 }
 
 /// Which query tile, head and batch this block computes, and the key tiles it visits.
@@ -165,6 +185,22 @@ __device__ inline BlockWork block_work(const FwdParams& p) {
   w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;  // may be negative: see above
   w.bh = batch * p.heads + head;
   w.bkv = batch * p.kv_heads + kv_head;
+  w.tiles = key_tiles(w.row0, R::kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
+  return w;
+}
+
+/// The persistent kernel's (10e) t-th work tile: tiles are numbered heaviest first, the
+/// last query tile of every (batch, head) before the one above it, so that under a causal
+/// mask the long tiles start early and the short ones fill the end.
+template <int d, bool kCausal, class R>
+__device__ inline BlockWork tile_work(const FwdParams& p, int t) {
+  const int heads_total = p.batch * p.heads;
+  const int from_end = t / heads_total, bh = t % heads_total;
+  const int head = bh % p.heads, batch = bh / p.heads;
+  BlockWork w;
+  w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;
+  w.bh = bh;
+  w.bkv = batch * p.kv_heads + head / (p.heads / p.kv_heads);
   w.tiles = key_tiles(w.row0, R::kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
   return w;
 }

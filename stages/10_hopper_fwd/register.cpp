@@ -11,13 +11,13 @@ namespace fa::stage10 {
 namespace {
 
 // The setting the C ABI can change by name (fa_set_option / fa_get_counter):
-//   "step": 0 auto (10d), 1 10a, 2 10b, 3 10c, 4 10d
+//   "step": 0 auto (10e), 1 10a, 2 10b, 3 10c, 4 10d, 5 10e
 void set_option(const std::string& name, int64_t value) {
   if (name != "step")
     throw std::invalid_argument("10_hopper_fwd: no option named '" + name + "' (options: step)");
   if (value < 0 || value >= int64_t(step_names().size()))
     throw std::invalid_argument("10_hopper_fwd: step = " + std::to_string(value) +
-                                " is not 0..4 (auto, 10a, 10b, 10c, 10d)");
+                                " is not 0..5 (auto, 10a, 10b, 10c, 10d, 10e)");
   Options o = current_options();
   o.step = Step(value);
   set_options(o);
@@ -48,8 +48,9 @@ StageInfo info() {
              const auto& names = step_names();
              set_option("step", int64_t(std::find(names.begin(), names.end(), v) - names.begin()));
            },
-           "which step of the stage runs: auto (the final design, 10d), 10a (TMA + wgmma, one warpgroup), "
-           "10b (warp specialization), 10c (ping-pong), 10d (softmax overlapped with the next GEMM)")
+           "which step of the stage runs: auto (the final design, 10e), 10a (TMA + wgmma, one warpgroup), "
+           "10b (warp specialization), 10c (ping-pong), 10d (softmax overlapped with the next GEMM), "
+           "10e (persistent: one block per SM)")
         ->check(CLI::IsMember(step_names()));
   };
   s.report = [](const Problem& p, Dtype t) {

@@ -34,7 +34,8 @@ struct FwdParams {
   CUtensorMap map_v;  ///< V, like K
   void* O;            ///< [batch·heads][seq_q][d], the input dtype (16-byte stores)
   float* L;           ///< [batch][heads][seq_q], fp32
-  int heads, kv_heads, seq_q, seq_k;
+  int batch, heads, kv_heads, seq_q, seq_k;
+  int tiles_total;  ///< query tiles × heads × batch (the persistent kernel's work list)
   float scale_log2;  ///< scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
   float scale;
 };
