@@ -158,11 +158,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       release(&sm.v_empty[s]);
     }
     write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
+    //! [release q]
     // The next TMA into the Q tile (async proxy) must come after this warp's ordinary reads
     // and writes of it (generic proxy): fence, then release the tile.
     fence_proxy_async_smem();
     __syncwarp();
     release(sm.q_empty);
+    //! [release q]
     ring += count;
   }
 }
