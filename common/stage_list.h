@@ -9,7 +9,7 @@
 
 namespace fa {
 
-/// Every stage built into this tree, in order (01 … 09).
+/// Every stage built into this tree, in order (01 … 10).
 const std::vector<StageInfo>& all_stages();
 
 /// The stage named `name` or by a unique prefix of its name ("05"); throws
