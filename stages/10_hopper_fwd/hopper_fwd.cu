@@ -56,9 +56,9 @@ namespace fa::stage10 {
 template <int d, class Elem, bool kCausal>
 __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_constant__ FwdParams p) {
   using R = RolesOf<d>;
-  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
+  constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages, kQ = kQBuffersOf<d>;
   extern __shared__ unsigned char smem[];
-  const SharedTiles<d, Elem, R> sm(smem);
+  const SharedTiles<d, Elem, R, kQ> sm(smem);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) sm.init_barriers();
@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       int ring = 0;  // K/V tiles put into the ring so far, over all of this block's query tiles
       for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
         const BlockWork work = tile_work<d, kCausal, R>(p, t);
-        mbarrier_wait(sm.q_empty, (round & 1) ^ 1);  // the consumers are done with the last Q_i
-        load_q(sm, p, work.row0, work.bh);
+        const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
+        mbarrier_wait(&sm.q_empty[b], ((round / kQ) & 1) ^ 1);  // they are done with this one
+        load_q(sm, p, work.row0, work.bh, b);
         load_kv(sm, p, work.bkv, work.tiles, ring);
         ring += work.tiles.count;
       }
@@ -83,7 +84,6 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
   // ---- consumer c: rows [64·c, 64·c + 64) of every query tile ----
   setmaxnreg_inc<R::kConsumerRegisters>();
   const int c = warpgroup - 1, wg_row0 = c * kRowsPerWarpgroup;
-  const Elem* q_rows = sm.q + wg_row0 * 64;  // this warpgroup's rows of column block 0
   // Turns go round the consumers: 0, 1, (2,) 0, 1, ...; consumer c hands over to c + 1.
   const int my_turn = R::kPingPongBarrier + c, next_turn = R::kPingPongBarrier + (c + 1) % R::kConsumers;
   const bool last_consumer = c == R::kConsumers - 1;
@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
   int ring = 0;  // as the producer's
   for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
     const BlockWork work = tile_work<d, kCausal, R>(p, t);
-    const int count = work.tiles.count, query0 = work.row0 + wg_row0;
+    const int count = work.tiles.count, query0 = work.row0 + wg_row0, b = round % kQ;
+    Elem* q_tile = sm.q_buffer(b);
+    const Elem* q_rows = q_tile + wg_row0 * 64;  // this warpgroup's rows of column block 0
     // A key tile is masked only where it crosses the diagonal (or the end of the keys) for
     // one of this warpgroup's rows.
     const int first_masked = key_tiles(query0, kRowsPerWarpgroup, p.seq_q, p.seq_k, B_c, kCausal).first_masked;
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
     uint32_t p_frag[B_c / 16][4];  // P of the previous key tile, as wgmma A fragments
     RowState st;
-    mbarrier_wait(sm.q_full, round & 1);
+    mbarrier_wait(&sm.q_full[b], (round / kQ) & 1);
     if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
     if (count > 0) {  // the first key tile: S alone (there is no P·V before it)
@@ -157,13 +159,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       fence_fragments(p_frag);
       release(&sm.v_empty[s]);
     }
-    write_output<d>(o, st, sm.q, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
+    write_output<d>(o, st, q_tile, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
     //! [release q]
     // The next TMA into the Q tile (async proxy) must come after this warp's ordinary reads
     // and writes of it (generic proxy): fence, then release the tile.
     fence_proxy_async_smem();
     __syncwarp();
-    release(sm.q_empty);
+    release(&sm.q_empty[b]);
     //! [release q]
     ring += count;
   }
@@ -179,7 +181,7 @@ StepKernel step_10e(int d, Dtype dtype, bool causal) {
     k.block_rows = RolesOf<D>::kBlockM;
     k.block_cols = Tile<D>::kBlockN;
     k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D, RolesOf<D>>::bytes_to_allocate;
+    k.smem_bytes = SharedPlan<D, RolesOf<D>, kQBuffersOf<D>>::bytes_to_allocate;
     k.persistent = true;
     return k;
   });

@@ -49,6 +49,9 @@ using TwoConsumers = Roles<2>;
 /// Steps 10d and 10e at head dim d: two consumers, three at d = 64 (traits.h says why).
 template <int d>
 using RolesOf = Roles<Tile<d>::kConsumers>;
+/// Q_i buffers of the persistent kernel: two where they fit in shared memory (not at d = 256).
+template <int d>
+constexpr int kQBuffersOf = d == 256 ? 1 : 2;
 
 /// One arrival per consumer warp on an "empty" barrier: this warp is done with the tile.
 __device__ inline void release(uint64_t* empty_barrier) {
@@ -56,53 +59,60 @@ __device__ inline void release(uint64_t* empty_barrier) {
 }
 
 /// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
-template <int d, class R>
+/// kQBuffers: 1, or 2 for the persistent kernel where the shared memory allows (it loads the
+/// next Q_i into one buffer while the consumers use the other).
+template <int d, class R, int kQBuffers = 1>
 struct SharedPlan {
   static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
-  static constexpr uint32_t q = 0;                                    // Q_i [d/64][B_r][64]
-  static constexpr uint32_t k = q + tile_bytes(R::kBlockM, d);           // K [kStages][d/64][B_c][64]
+  static constexpr uint32_t q = 0;                                    // Q_i [kQBuffers][d/64][B_r][64]
+  static constexpr uint32_t k = q + kQBuffers * tile_bytes(R::kBlockM, d);  // K [kStages][d/64][B_c][64]
   static constexpr uint32_t v = k + kStages * tile_bytes(B_c, d);     // V, like K
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
-  // barriers: q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
-  static constexpr uint32_t bytes = barriers + 8 * (2 + 4 * kStages);
+  // barriers: q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages],
+  //           k_empty[kStages], v_empty[kStages]
+  static constexpr uint32_t bytes = barriers + 8 * (2 * kQBuffers + 4 * kStages);
+  static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
 };
 
 /// Pointers into the plan for one block.
-template <int d, class Elem, class R>
+template <int d, class Elem, class R, int kQBuffers = 1>
 struct SharedTiles {
   static constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
-  Elem* q;
+  Elem* q;  ///< the first Q_i buffer
   Elem* k;
   Elem* v;
-  uint64_t* q_full;
-  uint64_t* q_empty;  ///< the persistent kernel (10e) reloads Q_i once the consumers are done with it
+  uint64_t* q_full;   ///< [kQBuffers]
+  uint64_t* q_empty;  ///< [kQBuffers]: the persistent kernel (10e) reloads a Q_i buffer once the consumers are done with it
   uint64_t* k_full;
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
 
   __device__ explicit SharedTiles(unsigned char* raw) {
-    using Plan = SharedPlan<d, R>;
+    using Plan = SharedPlan<d, R, kQBuffers>;
     // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
     unsigned char* base = raw + ((1024 - smem_address(raw) % 1024) % 1024);
     q = reinterpret_cast<Elem*>(base + Plan::q);
     k = reinterpret_cast<Elem*>(base + Plan::k);
     v = reinterpret_cast<Elem*>(base + Plan::v);
     q_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
-    q_empty = q_full + 1;
-    k_full = q_full + 2;
+    q_empty = q_full + kQBuffers;
+    k_full = q_empty + kQBuffers;
     v_full = k_full + kStages;
     k_empty = v_full + kStages;
     v_empty = k_empty + kStages;
   }
+  __device__ Elem* q_buffer(int b) const { return q + b * R::kBlockM * d; }
   __device__ Elem* k_stage(int s) const { return k + s * B_c * d; }
   __device__ Elem* v_stage(int s) const { return v + s * B_c * d; }
 
   /// One thread: every barrier's arrival count, made visible to the copy engine.
   __device__ void init_barriers() const {
-    mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, 4 * R::kConsumers);
+    for (int b = 0; b < kQBuffers; ++b) {
+      mbarrier_init(&q_full[b], 1);
+      mbarrier_init(&q_empty[b], 4 * R::kConsumers);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
@@ -122,24 +132,25 @@ __device__ inline void load_tile(Elem* dst, int rows, const CUtensorMap* map, ui
     tma_load_3d(reinterpret_cast<unsigned char*>(dst) + c * rows * 128, map, bar, 64 * c, row, bh);
 }
 
-/// The producer's Q_i: one box of 64 rows per consumer and column block, on q_full.
-template <int d, class Elem, class R>
-__device__ inline void load_q(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int row0, int bh) {
-  mbarrier_arrive_expect_tx(sm.q_full, tile_bytes(R::kBlockM, d));
+/// The producer's Q_i into buffer `b`: one box of 64 rows per consumer and column block, on q_full[b].
+template <int d, class Elem, class R, int kQ>
+__device__ inline void load_q(const SharedTiles<d, Elem, R, kQ>& sm, const FwdParams& p, int row0, int bh, int b = 0) {
+  mbarrier_arrive_expect_tx(&sm.q_full[b], tile_bytes(R::kBlockM, d));
+  auto* dst = reinterpret_cast<unsigned char*>(sm.q_buffer(b));
 #pragma unroll
   for (int c = 0; c < d / 64; ++c)
 #pragma unroll
     for (int w = 0; w < R::kConsumers; ++w)
-      tma_load_3d(reinterpret_cast<unsigned char*>(sm.q) + c * R::kBlockM * 128 + w * kRowsPerWarpgroup * 128,
-                  &p.map_q, sm.q_full, 64 * c, row0 + w * kRowsPerWarpgroup, bh);
+      tma_load_3d(dst + c * R::kBlockM * 128 + w * kRowsPerWarpgroup * 128, &p.map_q, &sm.q_full[b], 64 * c,
+                  row0 + w * kRowsPerWarpgroup, bh);
 }
 
 /// The producer's K/V tiles: those the query tile visits, last to first, into the ring, each
 /// as soon as its buffer is free. `ring` counts the tiles this block has put into the ring
 /// before (0 for a block with one query tile), so the n-th use of the ring, over all of the
 /// block's query tiles, takes buffer n % kStages and phase n / kStages.
-template <int d, class Elem, class R>
-__device__ inline void load_kv(const SharedTiles<d, Elem, R>& sm, const FwdParams& p, int bkv, KeyTiles tiles,
+template <int d, class Elem, class R, int kQ>
+__device__ inline void load_kv(const SharedTiles<d, Elem, R, kQ>& sm, const FwdParams& p, int bkv, KeyTiles tiles,
                                int ring = 0) {
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   //! [producer loop]
