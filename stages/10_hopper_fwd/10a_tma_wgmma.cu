@@ -128,14 +128,8 @@ StepKernel step_10a(int d, Dtype dtype, bool causal) {
   return make_step_kernel(d, dtype, "10a", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    StepKernel k;
-    k.fn = causal ? kernel_address(fwd_10a<D, Elem, true>) : kernel_address(fwd_10a<D, Elem, false>);
-    k.threads = 128;
-    k.block_rows = kBlockM10a;
-    k.block_cols = Tile<D>::kBlockN;
-    k.stages = kStages10a;
-    k.smem_bytes = Plan10a<D>::bytes_to_allocate;
-    return k;
+    return step_kernel(causal, fwd_10a<D, Elem, true>, fwd_10a<D, Elem, false>, 128, kBlockM10a,
+                       Tile<D>::kBlockN, kStages10a, Plan10a<D>::bytes_to_allocate);
   });
 }
 

@@ -94,14 +94,9 @@ StepKernel step_10b(int d, Dtype dtype, bool causal) {
   return make_step_kernel(d, dtype, "10b", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    StepKernel k;
-    k.fn = causal ? kernel_address(fwd_10b<D, Elem, true>) : kernel_address(fwd_10b<D, Elem, false>);
-    k.threads = TwoConsumers::kThreads;
-    k.block_rows = TwoConsumers::kBlockM;
-    k.block_cols = Tile<D>::kBlockN;
-    k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D, TwoConsumers>::bytes_to_allocate;
-    return k;
+    using R = TwoConsumers;
+    return step_kernel(causal, fwd_10b<D, Elem, true>, fwd_10b<D, Elem, false>, R::kThreads, R::kBlockM,
+                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R>::bytes_to_allocate);
   });
 }
 

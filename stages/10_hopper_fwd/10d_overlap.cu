@@ -129,14 +129,9 @@ StepKernel step_10d(int d, Dtype dtype, bool causal) {
   return make_step_kernel(d, dtype, "10d", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    StepKernel k;
-    k.fn = causal ? kernel_address(fwd_10d<D, Elem, true>) : kernel_address(fwd_10d<D, Elem, false>);
-    k.threads = RolesOf<D>::kThreads;
-    k.block_rows = RolesOf<D>::kBlockM;
-    k.block_cols = Tile<D>::kBlockN;
-    k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D, RolesOf<D>>::bytes_to_allocate;
-    return k;
+    using R = RolesOf<D>;
+    return step_kernel(causal, fwd_10d<D, Elem, true>, fwd_10d<D, Elem, false>, R::kThreads, R::kBlockM,
+                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R>::bytes_to_allocate);
   });
 }
 

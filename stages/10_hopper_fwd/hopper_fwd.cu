@@ -175,15 +175,9 @@ StepKernel step_10e(int d, Dtype dtype, bool causal) {
   return make_step_kernel(d, dtype, "10e", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    StepKernel k;
-    k.fn = causal ? kernel_address(fwd_10e<D, Elem, true>) : kernel_address(fwd_10e<D, Elem, false>);
-    k.threads = RolesOf<D>::kThreads;
-    k.block_rows = RolesOf<D>::kBlockM;
-    k.block_cols = Tile<D>::kBlockN;
-    k.stages = Tile<D>::kStages;
-    k.smem_bytes = SharedPlan<D, RolesOf<D>, kQBuffersOf<D>>::bytes_to_allocate;
-    k.persistent = true;
-    return k;
+    using R = RolesOf<D>;
+    return step_kernel(causal, fwd_10e<D, Elem, true>, fwd_10e<D, Elem, false>, R::kThreads, R::kBlockM,
+                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R, kQBuffersOf<D>>::bytes_to_allocate, true);
   });
 }
 

@@ -38,4 +38,19 @@ const void* kernel_address(F* f) {
   return reinterpret_cast<const void*>(f);
 }
 
+/// A step's table row: the causal or plain instance and its launch shape.
+template <class F>
+StepKernel step_kernel(bool causal, F* causal_fn, F* plain_fn, int threads, int block_rows, int block_cols,
+                       int stages, size_t smem_bytes, bool persistent = false) {
+  StepKernel k;
+  k.fn = causal ? kernel_address(causal_fn) : kernel_address(plain_fn);
+  k.threads = threads;
+  k.block_rows = block_rows;
+  k.block_cols = block_cols;
+  k.stages = stages;
+  k.smem_bytes = smem_bytes;
+  k.persistent = persistent;
+  return k;
+}
+
 }  // namespace fa::stage10
