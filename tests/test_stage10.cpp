@@ -254,6 +254,41 @@ TEST_CASE("10: empty sequences: seq_q = 0 launches nothing, seq_k = 0 gives O = 
   }
 }
 
+TEST_CASE("10: every element of O and L is written (device outputs poisoned with NaN first), every step") {
+  // seq_q > seq_k under the causal mask: the first 40 rows see no key (O = 0, L = −inf), the
+  // rest see a ragged number; 3 query tiles of 128 (2 of 192) with a partial one. A row or
+  // column the kernel forgot would keep its NaN, or its O = 0 would be read from memory that
+  // was never written.
+  if (!on_hopper()) return;
+  for (int d : {64, 128, 256})
+    for (s10::Step s : kSteps) {
+      const StepScope scope(s);
+      const fa::Problem p = make(2, 4, 2, 300, 260, d, true);
+      fa::Tensors t = fa::Tensors::make(p, 23, fa::Dist::Normal, false);
+      fa::DeviceBuffer Q(p.q_elems() * 2, "Q"), K(p.kv_elems() * 2, "K"), V(p.kv_elems() * 2, "V"),
+          O(p.q_elems() * 2, "O"), L(p.l_elems() * 4, "L");
+      fa::upload(fa::Dtype::BF16, t.Q.data(), Q.get(), p.q_elems(), nullptr);
+      fa::upload(fa::Dtype::BF16, t.K.data(), K.get(), p.kv_elems(), nullptr);
+      fa::upload(fa::Dtype::BF16, t.V.data(), V.get(), p.kv_elems(), nullptr);
+      FA_CUDA_CHECK(cudaMemset(O.get(), 0xff, O.bytes()));  // 0xffff is a bf16 NaN, 0xffffffff an fp32 NaN
+      FA_CUDA_CHECK(cudaMemset(L.get(), 0xff, L.bytes()));
+      s10::forward(p, fa::Dtype::BF16, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr);
+      std::vector<float> o(size_t(p.q_elems())), l(size_t(p.l_elems()));
+      fa::download(fa::Dtype::BF16, O.get(), o.data(), p.q_elems(), nullptr);
+      fa::download(fa::Dtype::F32, L.get(), l.data(), p.l_elems(), nullptr);
+      CAPTURE(d);
+      CAPTURE(s10::step_names()[size_t(s)]);
+      CHECK(std::none_of(o.begin(), o.end(), [](float x) { return std::isnan(x); }));
+      CHECK(std::none_of(l.begin(), l.end(), [](float x) { return std::isnan(x); }));
+      for (int64_t bh = 0; bh < int64_t(p.batch) * p.heads; ++bh)
+        for (int64_t i = 0; i < p.seq_q; ++i) {
+          const bool sees_none = p.visible_keys(i) == 0;
+          if (sees_none) CHECK(l[size_t(bh * p.seq_q + i)] == -std::numeric_limits<float>::infinity());
+          if (!sees_none) CHECK(std::isfinite(l[size_t(bh * p.seq_q + i)]));
+        }
+    }
+}
+
 TEST_CASE("10: device pointers on a non-default stream give the host path's result") {
   if (!on_hopper()) return;
   const fa::Problem p = make(1, 4, 2, 200, 333, 128, true);
