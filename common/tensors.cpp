@@ -29,7 +29,7 @@ std::vector<float> allocate(int64_t elems, const std::string& what) {
     return std::vector<float>(size_t(elems));
   } catch (const std::bad_alloc&) {
     throw std::runtime_error(what + ": cannot allocate " + std::to_string(elems) +
-                             " floats (" + std::to_string(elems * 4 / (1 << 20)) +
+                             " floats (" + std::to_string(int64_t(double(elems) * 4 / (1 << 20))) +
                              " MiB) on the host");
   } catch (const std::length_error&) {
     throw std::runtime_error(what + ": " + std::to_string(elems) + " floats is too large");
