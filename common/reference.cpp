@@ -7,6 +7,7 @@
 #include "reference.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -71,6 +72,15 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
     r.dQ.assign(size_t(p.q_elems()), 0.0);
     r.dK.assign(size_t(p.kv_elems()), 0.0);
     r.dV.assign(size_t(p.kv_elems()), 0.0);
+  }
+  // Nothing to compute (and no loop over every head, of which there may be 2^30): no query
+  // row means no output and zero gradients; no key means every row sees none (O = 0,
+  // L = m = −inf, l = 0, D = 0, dQ = 0).
+  if (Nq == 0) return r;
+  if (Nk == 0) {
+    std::fill(r.L.begin(), r.L.end(), -INFINITY);
+    std::fill(r.m.begin(), r.m.end(), -INFINITY);
+    return r;
   }
 
   for (int b = 0; b < p.batch; ++b) {
