@@ -53,7 +53,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         float m = -INFINITY, l = 0.0f;
         for (int64_t j = 0; j < n_vis; ++j) {
           const float s = score(q_i, k + j * d, d, scale);
-          // LAB BEGIN: online normaliser — hint: m_new = max(m, s); l = l·e^{m − m_new} + e^{s − m_new}
+          // LAB BEGIN: online normaliser — hint: m_new = max(m, s); l = l·e^{m − m_new} + e^{s − m_new}, subtracting 0 instead of m_new while m_new = −inf
           const float m_new = (s > m || std::isnan(s)) ? s : m;
           // l' = l·e^{m − m'} + e^{s − m'}. On the first key m = −inf and l = 0: the
           // rescale factor e^{−inf} = 0 multiplies an empty sum. While every logit so far

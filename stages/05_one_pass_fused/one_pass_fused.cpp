@@ -57,7 +57,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         std::fill(O_acc.begin(), O_acc.end(), 0.0f);
         for (int64_t j = 0; j < n_vis; ++j) {
           const float s = score(q_i, k + j * d, d, scale);
-          // LAB BEGIN: online update — hint: m' = max(m, s); α = e^{m − m'}; p = e^{s − m'}; rescale l and O_acc by α, then add p and p·v_j
+          // LAB BEGIN: online update — hint: m' = max(m, s); α = e^{m − m'}; p = e^{s − m'} (subtract 0 instead of m' while m' = −inf); rescale l and O_acc by α, then add p and p·v_j
           const float m_new = (s > m || std::isnan(s)) ? s : m;
           // While every logit so far is −inf, m' = −inf: subtract 0 instead (e^{−inf} = 0,
           // where e^{−inf + inf} would be NaN).

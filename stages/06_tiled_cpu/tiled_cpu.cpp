@@ -172,6 +172,12 @@ int64_t keys_used(const Problem& p, int64_t row, int64_t c0, int64_t cols, bool 
   return L == -kInf ? 0 : (diagonal ? keys_seen(p, row, c0, cols) : cols);
 }
 
+// True when some row of the tile takes part with fewer than all of its keys: the tile
+// crosses the diagonal, or a row has L = −∞. Its products then run over the seen keys.
+bool partial_tile(const Problem& p, int64_t r0, int64_t c0, int64_t cols, const Column& L_i) {
+  return crosses_diagonal(p, r0, c0, cols) || (L_i.array() == -kInf).any();
+}
+
 // Products over the keys each row of a tile takes part with, the first n(r) of the tile's
 // keys. A key a row does not see must not reach it, even when its K or V holds a NaN or an
 // inf: the full product would add 0·NaN = NaN. Used only where some row has n(r) < B_c.
@@ -192,20 +198,16 @@ void add_transpose_product_seen(Tile C, const Tile& A, const Tile& B, KeysOfRow 
 //   P_ij = exp(S_ij − L_i)   (L_i = m_i + log l_i, so P comes out already normalised)
 //   dS_ij = P_ij∘(dP_ij − D_i),  dP_ij = dO_i V_jᵀ
 // S_ij is built in P's storage and dP_ij in dS's: each is dead once the next one exists.
-// Returns true when some row takes part with fewer than all keys of the tile (the caller
-// then multiplies over the keys each row sees: add_product_seen).
-bool recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const Tile& Q_i,
+void recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const Tile& Q_i,
                     const Tile& dO_i, const Column& L_i, const Column& D_i, const Tile& K_j,
                     const Tile& V_j, Tile P, Tile dS) {
   //! [recompute dS]
   P.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ  [B_r, B_c]
-  // LAB BEGIN: recompute P and dS — hint: P = exp(S − L_i) on the keys each row sees, 0 on the others; dP = dO_i V_jᵀ; dS = P∘(dP − D_i)
+  // LAB BEGIN: recompute P and dS — hint: P = exp(S − L_i) on the keys each row uses (keys_used), 0 on the others; dP = dO_i V_jᵀ; dS = P∘(dP − D_i) on those keys, 0 on the others
   const int64_t cols = P.cols();
   const bool diagonal = crosses_diagonal(p, r0, c0, cols);  // only then do rows see fewer keys
-  bool partial = false;  // some row takes part with fewer than all keys of the tile
   for (int64_t r = 0; r < P.rows(); ++r) {
     const int64_t n = keys_used(p, r0 + r, c0, cols, diagonal, L_i(r));
-    partial = partial || n < cols;
     P.row(r).head(n) = (P.row(r).head(n).array() - L_i(r)).exp().matrix();  // P_ij = exp(S_ij − L_i)
     P.row(r).tail(cols - n).setZero();                                        // masked: P_ij = 0
   }
@@ -215,7 +217,6 @@ bool recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const
     dS.row(r).head(n) = (P.row(r).head(n).array() * (dS.row(r).head(n).array() - D_i(r))).matrix();
     dS.row(r).tail(cols - n).setZero();
   }
-  return partial;
   // LAB END
   //! [recompute dS]
 }
@@ -313,7 +314,7 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
       Tile S(f.S.data(), rows, cols), P(f.P.data(), rows, cols);  // [B_r, B_c]
       S.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ
 
-      // LAB BEGIN: online softmax update of one tile — hint: per row m_new = max(m, rowmax S over the keys it sees); P = exp(S − m_new), 0 on masked keys; α = e^{m − m_new}; l = α·l + rowsum P; O_i row *= α; after the rows, O_i += P V_j
+      // LAB BEGIN: online softmax update of one tile — hint: per row m_new = max(m, rowmax S over the keys it sees); P = exp(S − m_new), 0 on masked keys and 0 while m_new = −inf (subtract 0 then); α = e^{m − m_new}; l = α·l + rowsum P; O_i row *= α; after the rows, O_i += P V_j (add_product_seen in a diagonal tile)
       // Only tiles that cross the diagonal are masked; those above it were never visited.
       const bool diagonal = crosses_diagonal(p, r0, c0, cols);
       for (int64_t r = 0; r < rows; ++r) {
@@ -442,9 +443,9 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
           const Tile Q_i(f.Q.data(), rows, d), dO_i(f.dO.data(), rows, d);  // [B_r, d]
           const Column L_i(f.L.data(), rows), D_i(f.D.data(), rows);       // [B_r]
           Tile P(f.P.data(), rows, cols), dS(f.S.data(), rows, cols);      // [B_r, B_c]
-          const bool partial = recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS);
-          // LAB BEGIN: accumulate dV_j and dK_j — hint: dV_j += P_ijᵀ dO_i; dK_j += dS_ijᵀ Q_i (the factor scale is applied once, at the store)
-          if (partial) {  // a key's gradient comes only from the rows that see it
+          recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS);
+          // LAB BEGIN: accumulate dV_j and dK_j — hint: dV_j += P_ijᵀ dO_i; dK_j += dS_ijᵀ Q_i, with add_transpose_product_seen in a partial_tile (the factor scale is applied once, at the store)
+          if (partial_tile(p, r0, c0, cols, L_i)) {  // a key's gradient comes only from the rows that see it
             const bool diagonal = crosses_diagonal(p, r0, c0, cols);
             const auto n = [&](int64_t r) { return keys_used(p, r0 + r, c0, cols, diagonal, L_i(r)); };
             add_transpose_product_seen(dV_j, P, dO_i, n);
@@ -490,7 +491,8 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
         load(K_j.data(), K + p.kv_offset(b, hk, c0), cols * d, kK, counted);
         load(V_j.data(), V + p.kv_offset(b, hk, c0), cols * d, kV, counted);
         Tile P(f.P.data(), rows, cols), dS(f.S.data(), rows, cols);  // [B_r, B_c]
-        if (recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS)) {
+        recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS);
+        if (partial_tile(p, r0, c0, cols, L_i)) {
           const bool diagonal = crosses_diagonal(p, r0, c0, cols);
           add_product_seen(dQ_i, dS, K_j, [&](int64_t r) { return keys_used(p, r0 + r, c0, cols, diagonal, L_i(r)); });
         } else {
