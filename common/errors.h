@@ -14,9 +14,9 @@ namespace fa {
 
 /// Exit codes of every program (README, "Exit codes").
 enum ExitCode : int {
-  kExitPass = 0,            ///< the check passed (or was skipped / not asked for)
-  kExitCheckFailed = 1,     ///< the output does not match the reference
-  kExitBadInput = 2,        ///< bad arguments, a problem the stage refuses, or one too large to allocate
+  kExitPass = 0,         ///< the check passed (or was skipped / not asked for)
+  kExitCheckFailed = 1,  ///< the output does not match the reference
+  kExitBadInput = 2,  ///< bad arguments, a problem the stage refuses, or one too large to allocate
   kExitRuntimeError = 3,    ///< the run failed (e.g. a CUDA error)
   kExitNotImplemented = 4,  ///< a lab stub was reached (lab.h)
   kExitNoDevice = 5,        ///< a GPU stage on a machine without a usable CUDA device

@@ -53,14 +53,16 @@ struct Buffer {
   std::unique_ptr<float[]> data;
   int64_t n = 0;
   Buffer() = default;
-  Buffer(int64_t count, std::mt19937_64* rng) : data(count > 0 ? new float[size_t(count)] : nullptr), n(count) {
+  Buffer(int64_t count, std::mt19937_64* rng)
+      : data(count > 0 ? new float[size_t(count)] : nullptr), n(count) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int64_t i = 0; i < n; ++i) data[size_t(i)] = rng ? normal(*rng) : sentinel();
   }
   float* get() const { return data.get(); }
   std::vector<float> copy() const { return std::vector<float>(data.get(), data.get() + n); }
   bool same_bits(const std::vector<float>& before) const {
-    return int64_t(before.size()) == n && (n == 0 || std::memcmp(before.data(), get(), size_t(n) * 4) == 0);
+    return int64_t(before.size()) == n &&
+           (n == 0 || std::memcmp(before.data(), get(), size_t(n) * 4) == 0);
   }
 };
 
@@ -77,7 +79,8 @@ struct Sizes {
 
 Sizes sizes_of(const fa_problem& p) {
   return {product({p.batch, p.heads, p.seq_q, p.head_dim}),
-          product({p.batch, p.kv_heads, p.seq_k, p.head_dim}), product({p.batch, p.heads, p.seq_q})};
+          product({p.batch, p.kv_heads, p.seq_k, p.head_dim}),
+          product({p.batch, p.heads, p.seq_q})};
 }
 
 // Everything wrong with a call, each as a piece of text its message may contain. Empty: the
@@ -112,8 +115,22 @@ std::vector<std::string> faults(const char* stage, const fa_problem& p, int32_t 
 
 // A value from a list of the interesting ones, or a small random one.
 int32_t pick_size(std::mt19937_64& rng, int32_t small_max) {
-  static const int32_t edges[] = {std::numeric_limits<int32_t>::min(), -65536, -2, -1, 0, 1, 2, 3,
-                                  7, 1 << 16, 494770, 769546, 48448661, 1 << 21, 1 << 22, 1 << 30,
+  static const int32_t edges[] = {std::numeric_limits<int32_t>::min(),
+                                  -65536,
+                                  -2,
+                                  -1,
+                                  0,
+                                  1,
+                                  2,
+                                  3,
+                                  7,
+                                  1 << 16,
+                                  494770,
+                                  769546,
+                                  48448661,
+                                  1 << 21,
+                                  1 << 22,
+                                  1 << 30,
                                   std::numeric_limits<int32_t>::max()};
   if (rng() % 3 == 0) return edges[rng() % (sizeof edges / sizeof edges[0])];
   return int32_t(rng() % uint64_t(small_max + 1));
@@ -140,14 +157,23 @@ fa_problem random_problem(std::mt19937_64& rng) {
   static const int32_t causal[] = {0, 1, 0, 1, 2, -1, std::numeric_limits<int32_t>::min()};
   p.causal = causal[rng() % (small ? 2 : sizeof causal / sizeof causal[0])];
   const float inf = std::numeric_limits<float>::infinity();
-  const float scales[] = {0.0f, 0.25f, 1.0f, -0.0f, -1.0f, std::nanf(""), inf, -inf,
-                          std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()};
+  const float scales[] = {0.0f,
+                          0.25f,
+                          1.0f,
+                          -0.0f,
+                          -1.0f,
+                          std::nanf(""),
+                          inf,
+                          -inf,
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::max()};
   p.scale = scales[rng() % (small && rng() % 4 != 0 ? 3 : sizeof scales / sizeof scales[0])];
   return p;
 }
 
 int32_t random_dtype(std::mt19937_64& rng) {
-  static const int32_t values[] = {FA_F32, FA_F16, FA_BF16, -1, 3, 7, std::numeric_limits<int32_t>::min()};
+  static const int32_t values[] = {
+      FA_F32, FA_F16, FA_BF16, -1, 3, 7, std::numeric_limits<int32_t>::min()};
   return rng() % 4 != 0 ? FA_F32 : values[rng() % (sizeof values / sizeof values[0])];
 }
 
@@ -155,9 +181,9 @@ int32_t random_dtype(std::mt19937_64& rng) {
 // this program: a C caller (or ctypes) passes it as a plain int.
 using ForwardDtypeInt = int (*)(const char*, const fa_problem*, int32_t, const float*, const float*,
                                 const float*, float*, float*);
-using BackwardDtypeInt = int (*)(const char*, const fa_problem*, int32_t, const float*, const float*,
-                                 const float*, const float*, const float*, const float*, float*,
-                                 float*, float*);
+using BackwardDtypeInt = int (*)(const char*, const fa_problem*, int32_t, const float*,
+                                 const float*, const float*, const float*, const float*,
+                                 const float*, float*, float*, float*);
 
 struct Fuzzer {
   std::mt19937_64 rng;
@@ -166,10 +192,11 @@ struct Fuzzer {
 
   void fail(const std::string& what, const char* stage, const fa_problem& p, int32_t dtype) {
     if (++failures <= 20)
-      std::printf("FAIL %s\n     stage %s, problem {batch %d, heads %d, kv_heads %d, seq_q %d, seq_k %d, "
-                  "head_dim %d, causal %d, scale %g}, dtype %d\n",
-                  what.c_str(), stage ? stage : "(NULL)", p.batch, p.heads, p.kv_heads, p.seq_q,
-                  p.seq_k, p.head_dim, p.causal, double(p.scale), dtype);
+      std::printf(
+          "FAIL %s\n     stage %s, problem {batch %d, heads %d, kv_heads %d, seq_q %d, seq_k %d, "
+          "head_dim %d, causal %d, scale %g}, dtype %d\n",
+          what.c_str(), stage ? stage : "(NULL)", p.batch, p.heads, p.kv_heads, p.seq_q, p.seq_k,
+          p.head_dim, p.causal, double(p.scale), dtype);
   }
 
   // One forward (and, for a stage with a backward, one backward) call.
@@ -184,7 +211,8 @@ struct Fuzzer {
     // buffers (an invalid problem must touch nothing) or NULL (a valid but huge problem
     // must be refused for its NULL tensors, never taken as empty).
     const bool use_null = ok && !fits;
-    const int64_t nq = fits ? int64_t(s.q) : 64, nkv = fits ? int64_t(s.kv) : 64, nl = fits ? int64_t(s.l) : 64;
+    const int64_t nq = fits ? int64_t(s.q) : 64, nkv = fits ? int64_t(s.kv) : 64,
+                  nl = fits ? int64_t(s.l) : 64;
     Buffer Q(nq, &rng), K(nkv, &rng), V(nkv, &rng), O(nq, nullptr), L(nl, nullptr);
     const auto q0 = Q.copy(), k0 = K.copy(), v0 = V.copy(), o0 = O.copy(), l0 = L.copy();
     auto ptr = [&](const Buffer& b) { return use_null ? nullptr : b.get(); };
@@ -199,12 +227,16 @@ struct Fuzzer {
     if (!inputs_same) fail("the inputs were modified", stage, p, dtype);
     if (!ok || use_null) {
       ++refused;
-      check_refusal(rc, msg, use_null ? std::vector<std::string>{"is NULL"} : why, stage, p, dtype, "forward");
-      if (!O.same_bits(o0) || !L.same_bits(l0)) fail("forward wrote an output it refused", stage, p, dtype);
+      check_refusal(rc, msg, use_null ? std::vector<std::string>{"is NULL"} : why, stage, p, dtype,
+                    "forward");
+      if (!O.same_bits(o0) || !L.same_bits(l0))
+        fail("forward wrote an output it refused", stage, p, dtype);
       return;
     }
     ++valid;
-    if (rc != FA_OK) return fail("forward of a valid problem returned " + std::to_string(rc) + ": " + msg, stage, p, dtype);
+    if (rc != FA_OK)
+      return fail("forward of a valid problem returned " + std::to_string(rc) + ": " + msg, stage,
+                  p, dtype);
     if (!msg.empty()) fail("success left a message: " + msg, stage, p, dtype);
     // Every element written. With a moderate scale the logits of normal inputs are finite,
     // so O is finite and L finite or −inf; scale = FLT_MAX makes logits ±inf, and +inf
@@ -215,13 +247,15 @@ struct Fuzzer {
         return fail("O[" + std::to_string(i) + "] is not written or not finite", stage, p, dtype);
     for (int64_t i = 0; i < L.n; ++i)
       if (is_sentinel(L.get()[i]) ||
-          (moderate && (std::isnan(L.get()[i]) || L.get()[i] == std::numeric_limits<float>::infinity())))
+          (moderate &&
+           (std::isnan(L.get()[i]) || L.get()[i] == std::numeric_limits<float>::infinity())))
         return fail("L[" + std::to_string(i) + "] is not written, or NaN or +inf", stage, p, dtype);
     if (!has_backward) return;
 
     // Backward on the forward's own O and L, with a dtype and a scale fuzzed again.
     Buffer dO(nq, &rng), dQ(nq, nullptr), dK(nkv, nullptr), dV(nkv, nullptr);
-    const auto do0 = dO.copy(), dq0 = dQ.copy(), dk0 = dK.copy(), dv0 = dV.copy(), o1 = O.copy(), l1 = L.copy();
+    const auto do0 = dO.copy(), dq0 = dQ.copy(), dk0 = dK.copy(), dv0 = dV.copy(), o1 = O.copy(),
+               l1 = L.copy();
     fa_problem pb = p;
     int32_t dtype_b = FA_F32;
     if (rng() % 4 == 0) {
@@ -230,11 +264,12 @@ struct Fuzzer {
     }
     const std::vector<std::string> why_b = faults(stage, pb, dtype_b);
     const auto bwd = reinterpret_cast<BackwardDtypeInt>(&fa_backward_dtype);
-    rc = bwd(stage, &pb, dtype_b, Q.get(), K.get(), V.get(), O.get(), L.get(), dO.get(), dQ.get(), dK.get(), dV.get());
+    rc = bwd(stage, &pb, dtype_b, Q.get(), K.get(), V.get(), O.get(), L.get(), dO.get(), dQ.get(),
+             dK.get(), dV.get());
     ++calls;
     const std::string msg_b = fa_last_error();
-    if (!Q.same_bits(q0) || !K.same_bits(k0) || !V.same_bits(v0) || !O.same_bits(o1) || !L.same_bits(l1) ||
-        !dO.same_bits(do0))
+    if (!Q.same_bits(q0) || !K.same_bits(k0) || !V.same_bits(v0) || !O.same_bits(o1) ||
+        !L.same_bits(l1) || !dO.same_bits(do0))
       fail("backward modified an input", stage, pb, dtype_b);
     if (!why_b.empty()) {
       ++refused;
@@ -244,18 +279,25 @@ struct Fuzzer {
       return;
     }
     ++valid;
-    if (rc != FA_OK) return fail("backward of a valid problem returned " + std::to_string(rc) + ": " + msg_b, stage, pb, dtype_b);
+    if (rc != FA_OK)
+      return fail("backward of a valid problem returned " + std::to_string(rc) + ": " + msg_b,
+                  stage, pb, dtype_b);
     for (const Buffer* g : {&dQ, &dK, &dV})
       for (int64_t i = 0; i < g->n; ++i)
-        if (is_sentinel(g->get()[i]) || (moderate && pb.scale <= 1.0f && !std::isfinite(g->get()[i])))
+        if (is_sentinel(g->get()[i]) ||
+            (moderate && pb.scale <= 1.0f && !std::isfinite(g->get()[i])))
           return fail("a gradient is not written or not finite", stage, pb, dtype_b);
   }
 
-  void check_refusal(int rc, const std::string& msg, const std::vector<std::string>& why, const char* stage,
-                     const fa_problem& p, int32_t dtype, const char* what) {
+  void check_refusal(int rc, const std::string& msg, const std::vector<std::string>& why,
+                     const char* stage, const fa_problem& p, int32_t dtype, const char* what) {
     if (rc != FA_ERR_INVALID)
-      fail(std::string(what) + " returned " + std::to_string(rc) + ", not FA_ERR_INVALID (1): " + msg, stage, p, dtype);
-    const bool named = std::any_of(why.begin(), why.end(), [&](const std::string& w) { return msg.find(w) != std::string::npos; });
+      fail(std::string(what) + " returned " + std::to_string(rc) +
+               ", not FA_ERR_INVALID (1): " + msg,
+           stage, p, dtype);
+    const bool named = std::any_of(why.begin(), why.end(), [&](const std::string& w) {
+      return msg.find(w) != std::string::npos;
+    });
     // A call that names a stage gets a message that names it too.
     if (stage != nullptr && std::find(stages.begin(), stages.end(), stage) != stages.end() &&
         msg.find(stage) == std::string::npos)
@@ -276,8 +318,8 @@ struct Fuzzer {
       const char* name;
       const char* says;
     };
-    for (const Case c : {Case{nullptr, "NULL"}, Case{"", "is not a stage"}, Case{"0", "matches several"},
-                         Case{"99_nothing", "is not a stage"}}) {
+    for (const Case c : {Case{nullptr, "NULL"}, Case{"", "is not a stage"},
+                         Case{"0", "matches several"}, Case{"99_nothing", "is not a stage"}}) {
       const int rc = fa_forward(c.name, &p, Q.get(), Q.get(), Q.get(), O.get(), L.get());
       ++calls;
       check_refusal(rc, fa_last_error(), {c.says}, c.name, p, FA_F32, "forward");
@@ -321,13 +363,17 @@ int main() {
   }
   f.names();
   const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   while (f.calls < max_calls && elapsed() < max_seconds) {
     const size_t k = size_t(f.rng() % f.stages.size());
     f.one(f.stages[k].c_str(), backward[k]);
   }
-  std::printf("fuzz_abi: %lld calls over %zu CPU stages in %.1f s: %lld valid, %lld refused, %lld failures\n",
-              static_cast<long long>(f.calls), f.stages.size(), elapsed(), static_cast<long long>(f.valid),
-              static_cast<long long>(f.refused), static_cast<long long>(f.failures));
+  std::printf(
+      "fuzz_abi: %lld calls over %zu CPU stages in %.1f s: %lld valid, %lld refused, %lld "
+      "failures\n",
+      static_cast<long long>(f.calls), f.stages.size(), elapsed(), static_cast<long long>(f.valid),
+      static_cast<long long>(f.refused), static_cast<long long>(f.failures));
   return f.failures == 0 ? 0 : 1;
 }

@@ -63,7 +63,7 @@ struct Bad {
   fa_problem p;
   int32_t dtype;
   const char* says;
-  int null_tensor = -1;   // index of a tensor argument passed as NULL
+  int null_tensor = -1;     // index of a tensor argument passed as NULL
   bool misaligned = false;  // Q one element past its (aligned) allocation
 };
 
@@ -80,7 +80,8 @@ std::vector<Bad> bad_calls(int32_t dtype) {
   };
   with("scale NaN", "scale = nan", [&](fa_problem& p) { p.scale = nan; });
   with("scale -1", "scale = -1", [](fa_problem& p) { p.scale = -1.0f; });
-  with("scale inf", "scale = inf", [](fa_problem& p) { p.scale = std::numeric_limits<float>::infinity(); });
+  with("scale inf", "scale = inf",
+       [](fa_problem& p) { p.scale = std::numeric_limits<float>::infinity(); });
   with("head_dim 0", "head_dim = 0", [](fa_problem& p) { p.head_dim = 0; });
   with("head_dim 300", "head_dim = 300", [](fa_problem& p) { p.head_dim = 300; });
   with("heads 3 over kv_heads 2", "heads = 3", [](fa_problem& p) { p.heads = 3; });
@@ -126,7 +127,8 @@ TEST_CASE("GPU stages refuse bad input through the device entry points, touching
     int supported = 0;
     for (int32_t dtype : {FA_F32, FA_F16, FA_BF16}) {
       // Is this dtype supported? A valid call says so (and must then succeed).
-      int rc = fwd(stage.c_str(), &kGood, dtype, Q.at(), K.at(), V.at(), O.at(), L.at<float>(), nullptr);
+      int rc =
+          fwd(stage.c_str(), &kGood, dtype, Q.at(), K.at(), V.at(), O.at(), L.at<float>(), nullptr);
       if (rc != FA_OK) {
         INFO(stage << " dtype " << dtype << ": " << fa_last_error());
         CHECK(rc == FA_ERR_INVALID);
@@ -144,14 +146,16 @@ TEST_CASE("GPU stages refuse bad input through the device entry points, touching
           if (b.null_tensor >= 0) tensors[b.null_tensor] = nullptr;
           if (!backward) {
             rc = fwd(stage.c_str(), &b.p, b.dtype, tensors[0], tensors[1], tensors[2],
-                     const_cast<void*>(tensors[3]), static_cast<float*>(const_cast<void*>(tensors[4])), nullptr);
+                     const_cast<void*>(tensors[3]),
+                     static_cast<float*>(const_cast<void*>(tensors[4])), nullptr);
           } else {
             rc = bwd(stage.c_str(), &b.p, b.dtype, tensors[0], tensors[1], tensors[2], tensors[3],
-                     static_cast<const float*>(tensors[4]), dO.at(), dQ.at(), dK.at(), dV.at(), nullptr);
+                     static_cast<const float*>(tensors[4]), dO.at(), dQ.at(), dK.at(), dV.at(),
+                     nullptr);
           }
           const std::string msg = fa_last_error();
-          INFO(stage << (backward ? " backward" : " forward") << ", dtype " << dtype << ", " << b.what
-                     << ": code " << rc << ", message '" << msg << "'");
+          INFO(stage << (backward ? " backward" : " forward") << ", dtype " << dtype << ", "
+                     << b.what << ": code " << rc << ", message '" << msg << "'");
           CHECK(rc == FA_ERR_INVALID);
           CHECK(msg.find(b.says) != std::string::npos);
           CHECK(msg.find(stage) != std::string::npos);
@@ -160,7 +164,8 @@ TEST_CASE("GPU stages refuse bad input through the device entry points, touching
         }
       }
       // Still alive: a valid call succeeds after all the refusals.
-      rc = fwd(stage.c_str(), &kGood, dtype, Q.at(), K.at(), V.at(), O.at(), L.at<float>(), nullptr);
+      rc =
+          fwd(stage.c_str(), &kGood, dtype, Q.at(), K.at(), V.at(), O.at(), L.at<float>(), nullptr);
       CHECK(rc == FA_OK);
       CHECK(cudaDeviceSynchronize() == cudaSuccess);
     }
