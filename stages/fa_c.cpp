@@ -62,6 +62,23 @@ void prepare(const fa::StageInfo& s, const fa::Problem& p, fa::Dtype t) {
     throw fa::NoCudaDevice(s.name + ": no CUDA device is available on this machine (a GPU stage)");
 }
 
+// Runs a stage's entry point so that whatever it throws names the stage called (a stage that
+// delegates, as 09's forward does to 08's, reports under its own name first).
+template <typename Fn>
+void run_stage(const fa::StageInfo& s, Fn&& fn) {
+  const auto named = [&](const char* what) {
+    const std::string m = what;
+    return m.compare(0, s.name.size(), s.name) == 0 ? m : s.name + ": " + m;
+  };
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(named(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(named(e.what()));
+  }
+}
+
 template <typename Fn>
 int guarded(Fn&& fn) {
   try {
@@ -128,7 +145,8 @@ int fa_forward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, con
     prepare(s, q, t);
     require_buffers(s, {{"Q", Q, q.q_elems()}, {"K", K, q.kv_elems()}, {"V", V, q.kv_elems()},
                         {"O", O, q.q_elems()}, {"L", L, q.l_elems()}});
-    if (q.q_elems() > 0) s.forward(q, t, Q, K, V, O, L);  // no query row: nothing to write
+    if (q.q_elems() > 0)  // no query row: nothing to write
+      run_stage(s, [&] { s.forward(q, t, Q, K, V, O, L); });
   });
 }
 
@@ -155,7 +173,7 @@ int fa_backward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, co
     require_buffers(s, {{"Q", Q, nq}, {"K", K, nkv}, {"V", V, nkv}, {"O", O, nq}, {"L", L, q.l_elems()},
                         {"dO", dO, nq}, {"dQ", dQ, nq}, {"dK", dK, nkv}, {"dV", dV, nkv}});
     if (nq > 0) {
-      s.backward(q, t, Q, K, V, O, L, dO, dQ, dK, dV);
+      run_stage(s, [&] { s.backward(q, t, Q, K, V, O, L, dO, dQ, dK, dV); });
     } else {  // no query row: no gradient reaches a key
       std::fill_n(dK, nkv, 0.0f);
       std::fill_n(dV, nkv, 0.0f);
@@ -184,7 +202,7 @@ int fa_forward_device(const char* stage, const fa_problem* p, fa_dtype dtype, co
     require(bool(s.forward_device), s.name + ": not a GPU stage (use fa_forward with host buffers)");
     require_buffers(s, {{"Q", Q, q.q_elems()}, {"K", K, q.kv_elems()}, {"V", V, q.kv_elems()},
                         {"O", O, q.q_elems()}, {"L", L, q.l_elems()}});
-    s.forward_device(q, t, Q, K, V, O, L, stream);
+    run_stage(s, [&] { s.forward_device(q, t, Q, K, V, O, L, stream); });
   });
 }
 
@@ -200,7 +218,7 @@ int fa_backward_device(const char* stage, const fa_problem* p, fa_dtype dtype, c
     const int64_t nq = q.q_elems(), nkv = q.kv_elems();
     require_buffers(s, {{"Q", Q, nq}, {"K", K, nkv}, {"V", V, nkv}, {"O", O, nq}, {"L", L, q.l_elems()},
                         {"dO", dO, nq}, {"dQ", dQ, nq}, {"dK", dK, nkv}, {"dV", dV, nkv}});
-    s.backward_device(q, t, Q, K, V, O, L, dO, dQ, dK, dV, stream);
+    run_stage(s, [&] { s.backward_device(q, t, Q, K, V, O, L, dO, dQ, dK, dV, stream); });
   });
 }
 
