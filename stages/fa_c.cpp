@@ -202,7 +202,8 @@ int fa_forward_device(const char* stage, const fa_problem* p, fa_dtype dtype, co
     require(bool(s.forward_device), s.name + ": not a GPU stage (use fa_forward with host buffers)");
     require_buffers(s, {{"Q", Q, q.q_elems()}, {"K", K, q.kv_elems()}, {"V", V, q.kv_elems()},
                         {"O", O, q.q_elems()}, {"L", L, q.l_elems()}});
-    run_stage(s, [&] { s.forward_device(q, t, Q, K, V, O, L, stream); });
+    if (q.q_elems() > 0)  // no query row: nothing to write (and no grid of 2^30 empty heads)
+      run_stage(s, [&] { s.forward_device(q, t, Q, K, V, O, L, stream); });
   });
 }
 
