@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "errors.h"
 #include "tensors.h"
 
 namespace fa {
@@ -33,7 +34,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes
     s << what << ": cannot allocate " << bytes / (1 << 20) << " MiB on the GPU ("
       << free_b / (1 << 20) << " MiB free): " << cudaGetErrorString(err);
     ptr_ = nullptr;
-    throw std::runtime_error(s.str());
+    throw OutOfMemory(s.str());
   }
 }
 
@@ -65,7 +66,7 @@ void require_gpu(const std::string& who) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();
-    throw std::runtime_error(who + ": no CUDA device is available on this machine");
+    throw NoCudaDevice((who.empty() ? "" : who + ": ") + "no CUDA device is available on this machine");
   }
 }
 
@@ -169,7 +170,7 @@ ForwardFn host_forward_via_device(ForwardDeviceFn fwd) {
   return [fwd](const Problem& p, Dtype t, const float* Q, const float* K, const float* V,
                float* O, float* L) {
     p.validate("GPU stage");  // refuse a bad problem before sizes become allocations
-    require_gpu("GPU stage");
+    require_gpu("");  // the caller (driver, C ABI) names the stage
     const size_t es = dtype_size(t);
     DeviceBuffer dQ(p.q_elems() * es, "Q"), dK(p.kv_elems() * es, "K"), dV(p.kv_elems() * es, "V");
     DeviceBuffer dO(p.q_elems() * es, "O"), dL(p.l_elems() * 4, "L");
@@ -187,7 +188,7 @@ BackwardFn host_backward_via_device(BackwardDeviceFn bwd) {
   return [bwd](const Problem& p, Dtype t, const float* Q, const float* K, const float* V,
                const float* O, const float* L, const float* dO, float* dQ, float* dK, float* dV) {
     p.validate("GPU stage");  // refuse a bad problem before sizes become allocations
-    require_gpu("GPU stage");
+    require_gpu("");  // the caller (driver, C ABI) names the stage
     const size_t es = dtype_size(t);
     const int64_t nq = p.q_elems(), nkv = p.kv_elems();
     DeviceBuffer bQ(nq * es, "Q"), bK(nkv * es, "K"), bV(nkv * es, "V"), bO(nq * es, "O"),

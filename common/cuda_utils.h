@@ -79,7 +79,8 @@ std::vector<std::pair<std::string, std::string>> describe_launch(const void* ker
 void require_device_pointer(const std::string& stage, const char* name, const void* ptr,
                             size_t alignment, const std::string& why);
 
-/// Throws std::runtime_error("<who>: no CUDA device ...") when no GPU is usable.
+/// Throws NoCudaDevice("<who>: no CUDA device ...") when no GPU is usable (no prefix when
+/// `who` is empty).
 void require_gpu(const std::string& who);
 
 }  // namespace fa

@@ -1,12 +1,17 @@
 #include "driver.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
+#include <limits>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "check.h"
+#include "errors.h"
 #include "tensors.h"
 #include "timing.h"
 
@@ -31,11 +36,23 @@ std::string fmt(double v, int prec = 3) {
   return s.str();
 }
 
-}  // namespace
+// True when every element of `x` is finite (L may also be −inf: a row that sees no key).
+bool all_finite(const std::vector<float>& x, bool minus_inf_ok) {
+  for (float v : x)
+    if (!std::isfinite(v) && !(minus_inf_ok && v == -INFINITY)) return false;
+  return true;
+}
 
-int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
+// kMaxCheckFlops, or FA_MAX_CHECK_FLOPS from the environment (lets a test reach the
+// skipped check on a small problem).
+double max_check_flops() {
+  const char* e = std::getenv("FA_MAX_CHECK_FLOPS");
+  return e != nullptr && *e != '\0' ? std::strtod(e, nullptr) : kMaxCheckFlops;
+}
+
+int run_stage(int argc, char** argv, const StageInfo& stage) {
   Problem p;
-  uint64_t seed = 1;
+  int64_t seed = 1;
   std::string dist_s = "normal", dtype_s = dtype_name(stage.dtypes.front());
   int repeat = 5;
   bool bench = false, backward = false, no_check = false;
@@ -49,7 +66,9 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
   app.add_option("--head-dim", p.head_dim, "head dimension d")->capture_default_str();
   app.add_flag("--causal", p.causal, "bottom-right causal mask");
   app.add_option("--scale", p.scale, "softmax scale (0 = 1/sqrt(d))")->capture_default_str();
-  app.add_option("--seed", seed, "input generator seed")->capture_default_str();
+  app.add_option("--seed", seed, "input generator seed (0 to 2^63 - 1)")
+      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   app.add_option("--dist", dist_s, "input distribution")
       ->check(CLI::IsMember({"normal", "uniform", "large"}))
       ->capture_default_str();
@@ -57,7 +76,7 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
       ->check(CLI::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();
   app.add_option("--repeat", repeat, "timed runs with --bench (the median is reported)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, kMaxRepeat))
       ->capture_default_str();
   app.add_flag("--bench", bench, "warm up, then time --repeat runs");
   app.add_flag("--backward", backward, "also run and check the backward pass");
@@ -70,10 +89,9 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << stage.name << ": " << e.what() << " (see --help)\n";
-    return 2;
+    return kExitBadInput;
   }
 
-  try {
     const Dist dist = parse_dist(dist_s);
     const Dtype dtype = parse_dtype(dtype_s);
     p.validate(stage.name);
@@ -85,15 +103,23 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
     if (backward && !stage.has_backward())
       throw std::invalid_argument(stage.name + ": --backward given, but this stage has no backward pass");
 
-    Tensors t = Tensors::make(p, seed, dist, backward);
+    Tensors t = Tensors::make(p, uint64_t(seed), dist, backward);
     std::vector<Row> rows{{"problem", p.describe()},
                           {"dtype / inputs", dtype_s + ", " + dist_s + " seed " + std::to_string(seed)}};
 
-    // Run once (this is also the run that is checked).
+    // Run once (this is also the run that is checked). Without a query row there is
+    // nothing to compute: no O or L, and dK = dV = 0, so the stage's loops over every head
+    // (there may be 2^30) are not entered.
+    const bool empty = p.q_elems() == 0;
     const auto run_fwd = [&] {
-      stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
+      if (!empty) stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
     };
     const auto run_bwd = [&] {
+      if (empty) {
+        std::fill(t.dK.begin(), t.dK.end(), 0.0f);
+        std::fill(t.dV.begin(), t.dV.end(), 0.0f);
+        return;
+      }
       stage.backward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(),
                      t.dO.data(), t.dQ.data(), t.dK.data(), t.dV.data());
     };
@@ -101,15 +127,22 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
     double bwd_once = 0;
     if (backward) bwd_once = median_seconds(run_bwd, 0, 1);
 
+    // The result: PASS or FAIL against the reference; SKIPPED when the reference cannot
+    // afford even one batch, or "not checked" with --no-check. The generated inputs are
+    // finite, so the reference's O and gradients are finite and its L finite or −inf (a
+    // row that sees no key): a non-finite output where it cannot be is a FAIL even
+    // without a comparison, never a PASS.
+    std::string result = "not checked";
     bool pass = true;
     if (!no_check) {
       // Check as many leading batches as the reference can afford.
       Problem pc = p;
       const double per_batch = p.forward_flops() / p.batch * (backward ? 3.5 : 1.0);
-      pc.batch = int(std::min<double>(p.batch, kMaxCheckFlops / std::max(per_batch, 1.0)));
+      pc.batch = int(std::min<double>(p.batch, max_check_flops() / std::max(per_batch, 1.0)));
       if (pc.batch == 0) {
         rows.push_back({"check", "skipped: too large for the CPU reference (one batch needs " +
                                      fmt(per_batch / 1e9, 1) + " GFLOP)"});
+        result = "SKIPPED (too large for the reference)";
       } else {
         CheckReport r = compare_forward(pc, dtype, t);
         if (backward)
@@ -119,7 +152,16 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
                                        std::to_string(p.batch) + " batches"});
         for (const auto& c : r.items) rows.push_back({"error " + c.name, c.summary()});
         pass = r.pass();
+        result = pass ? "PASS" : "FAIL";
       }
+    }
+    const bool finite = all_finite(t.O, false) && all_finite(t.L, true) &&
+                        (!backward || (all_finite(t.dQ, false) && all_finite(t.dK, false) &&
+                                       all_finite(t.dV, false)));
+    if (!finite) {
+      rows.push_back({"outputs", "non-finite values where the reference is finite (inputs are finite)"});
+      pass = false;
+      result = "FAIL";
     }
 
     const auto add_speed = [&](const std::string& what, double seconds, double flops) {
@@ -147,15 +189,18 @@ int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
     if (backward) add_speed("backward", bwd_s, 2.5 * p.forward_flops());
     if (stage.report)
       for (auto& [k, v] : stage.report(p, dtype)) rows.push_back({k, v});
-    rows.push_back({"result", no_check ? "not checked" : (pass ? "PASS" : "FAIL")});
+    rows.push_back({"result", result});
     print_table(stage.name + " — " + stage.idea, rows);
-    return pass ? 0 : 1;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << stage.name << ": error: " << e.what() << "\n";
-    return 2;
+    return pass ? kExitPass : kExitCheckFailed;
+}
+
+}  // namespace
+
+int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
+  try {
+    return run_stage(argc, argv, stage);
+  } catch (...) {
+    return report_failure(stage.name, std::current_exception());
   }
 }
 

@@ -23,7 +23,10 @@ typedef struct fa_problem {
 
 typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
 
-/* Error codes. */
+/* Error codes. Invalid input (a bad problem, dtype, stage name, or a NULL or misaligned
+   tensor) is FA_ERR_INVALID from every entry point, before any buffer is touched; an
+   allocation or CUDA failure, or a GPU stage without a CUDA device, is FA_ERR_RUNTIME.
+   A tensor with no elements (e.g. K and V when seq_k = 0) may be NULL. */
 enum { FA_OK = 0, FA_ERR_INVALID = 1, FA_ERR_UNSUPPORTED = 2, FA_ERR_RUNTIME = 3 };
 
 int fa_stage_count(void);

@@ -1,6 +1,8 @@
 #include "problem.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 
@@ -38,6 +40,31 @@ void Problem::validate(const std::string& who) const {
   if (heads % kv_heads != 0)
     fail("heads = " + std::to_string(heads) + " is not a multiple of kv_heads = " +
          std::to_string(kv_heads) + " (grouped-query attention needs heads % kv_heads == 0)");
+  // Every tensor's element count, and its size in bytes at fp32 (the widest element type),
+  // must fit in int64_t: offsets are 64-bit, and a count that wraps would make a huge
+  // problem look small (or empty) and send a stage past the end of its buffers.
+  const auto fits = [&](const char* tensor, const char* dims, std::initializer_list<int64_t> sizes) {
+    int64_t elems = 1;
+    bool overflow = false;
+    for (int64_t n : sizes) overflow = __builtin_mul_overflow(elems, n, &elems) || overflow;
+    int64_t bytes = 0;
+    overflow = __builtin_mul_overflow(elems, int64_t(sizeof(float)), &bytes) || overflow;
+    if (!overflow || std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) return;
+    std::ostringstream s;
+    double product = 1;
+    s << tensor << " would hold " << dims << " = ";
+    for (auto it = sizes.begin(); it != sizes.end(); ++it) {
+      s << (it == sizes.begin() ? "" : " x ") << *it;
+      product *= double(*it);
+    }
+    s << " = " << product << " elements (" << product * double(sizeof(float))
+      << " bytes at fp32); at most " << kMaxTensorElems
+      << " elements are allowed (their fp32 bytes must fit in a 64-bit size)";
+    fail(s.str());
+  };
+  fits("Q", "batch x heads x seq_q x head_dim", {batch, heads, seq_q, head_dim});
+  fits("K", "batch x kv_heads x seq_k x head_dim", {batch, kv_heads, seq_k, head_dim});
+  fits("L", "batch x heads x seq_q", {batch, heads, seq_q});
   if (!std::isfinite(scale) || scale < 0.0f) {
     std::ostringstream s;
     s << "scale = " << scale << " is not allowed (must be finite and > 0, or 0 for 1/sqrt(d))";

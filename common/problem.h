@@ -15,6 +15,11 @@ const char* dtype_name(Dtype t);
 /// Parses "f32"/"fp32", "f16"/"fp16", "bf16"; throws std::invalid_argument otherwise.
 Dtype parse_dtype(const std::string& s);
 
+/// The most elements one tensor of a problem may hold: its size in bytes at fp32 must fit
+/// in int64_t, so every element count, offset and byte size is exact. Problem::validate
+/// refuses a problem with a larger tensor (or one whose count would wrap).
+inline constexpr int64_t kMaxTensorElems = INT64_MAX / 4;
+
 /// One attention problem: O = softmax(scale · Q Kᵀ + mask) V.
 ///
 /// Layout (DESIGN §3): Q, O are [batch][heads][seq_q][head_dim]; K, V are
@@ -30,7 +35,8 @@ struct Problem {
   bool causal = false;
   float scale = 0.0f;  ///< 0 means 1/sqrt(head_dim)
 
-  /// Throws std::invalid_argument naming the bad value and what is allowed.
+  /// Throws std::invalid_argument naming the bad value and what is allowed; a tensor of
+  /// more than kMaxTensorElems elements (or whose count would wrap) is refused with its sizes.
   /// `who` (a stage name) is put in front of the message.
   void validate(const std::string& who = "problem") const;
 

@@ -7,8 +7,10 @@
 #include "reference.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace fa {
 
@@ -72,6 +74,15 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
     r.dK.assign(size_t(p.kv_elems()), 0.0);
     r.dV.assign(size_t(p.kv_elems()), 0.0);
   }
+  // Nothing to compute (and no loop over every head, of which there may be 2^30): no query
+  // row means no output and zero gradients; no key means every row sees none (O = 0,
+  // L = m = −inf, l = 0, D = 0, dQ = 0).
+  if (Nq == 0) return r;
+  if (Nk == 0) {
+    std::fill(r.L.begin(), r.L.end(), -INFINITY);
+    std::fill(r.m.begin(), r.m.end(), -INFINITY);
+    return r;
+  }
 
   for (int b = 0; b < p.batch; ++b) {
     for (int hk = 0; hk < p.kv_heads; ++hk) {
@@ -86,6 +97,9 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           Mat<Scalar> S = scale * (Qr * Kh.transpose());  // [rows, N_k]
           Mat<Scalar> Pm(rows, Nk);                       // P of this row block
           Eigen::Matrix<Scalar, Eigen::Dynamic, 1> row_max(rows), row_sum(rows);
+          // Keys each row takes part with: the keys it sees, or none when every logit it
+          // sees is −inf (such a row is a row that sees no key: O = 0, L = −inf).
+          std::vector<int64_t> n_used(static_cast<size_t>(rows));
 
           for (int64_t i = 0; i < rows; ++i) {
             const int64_t n_vis = p.visible_keys(r0 + i);
@@ -94,19 +108,21 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             Scalar mx = -inf;
             for (int64_t j = 0; j < n_vis; ++j)
               mx = (std::isnan(S(i, j)) || S(i, j) > mx) ? S(i, j) : mx;
+            const int64_t n = mx == -inf ? 0 : n_vis;
+            n_used[size_t(i)] = n;
             Scalar sum = 0;
             for (int64_t j = 0; j < Nk; ++j) {
-              Pm(i, j) = j < n_vis ? std::exp(S(i, j) - mx) : Scalar(0);
+              Pm(i, j) = j < n ? std::exp(S(i, j) - mx) : Scalar(0);
               sum += Pm(i, j);
             }
             row_max(i) = mx;
             row_sum(i) = sum;
-            if (n_vis == 0) continue;  // empty row: P = 0, O = 0, L = −inf
-            Pm.row(i) /= sum;
+            if (n == 0) continue;  // empty row: P = 0, O = 0, L = −inf
+            Pm.row(i).head(n) /= sum;  // (a NaN sum must not reach the masked zeros)
           }
           const int64_t lo = p.l_offset(b, h, r0);
           for (int64_t i = 0; i < rows; ++i) {
-            const bool empty = p.visible_keys(r0 + i) == 0;
+            const bool empty = n_used[size_t(i)] == 0;
             r.m[size_t(lo + i)] = empty ? -INFINITY : double(row_max(i));
             r.l[size_t(lo + i)] = empty ? 0.0 : double(row_sum(i));
             r.L[size_t(lo + i)] =
@@ -114,9 +130,34 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           }
           if (want_P) store(r.P, ((int64_t(b) * p.heads + h) * Nq + r0) * Nk, Pm);
 
+          // Products over the keys each row takes part with. A key a row does not see must
+          // not reach it: the full product would add 0·NaN = NaN for a masked key whose K or
+          // V holds a NaN or an inf. With finite operands the full product is the same.
+          // A·B over those keys ([rows, N_k]·[N_k, d]):
+          const auto seen_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
+            if (B.allFinite()) return Mat<Scalar>(A * B);
+            Mat<Scalar> C = Mat<Scalar>::Zero(rows, B.cols());
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t n = n_used[size_t(i)];
+              if (n > 0) C.row(i).noalias() = A.row(i).head(n) * B.topRows(n);
+            }
+            return C;
+          };
+          // Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's gradient
+          // comes only from the rows that see it.
+          const auto seen_transpose_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
+            if (B.allFinite()) return Mat<Scalar>(A.transpose() * B);
+            Mat<Scalar> C = Mat<Scalar>::Zero(Nk, B.cols());
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t n = n_used[size_t(i)];
+              if (n > 0) C.topRows(n).noalias() += A.row(i).head(n).transpose() * B.row(i);
+            }
+            return C;
+          };
+
           Mat<Scalar> P_in = Pm;  // P as it enters the P·V product
           round_to(mode, P_in);
-          Mat<Scalar> Or = P_in * Vh;  // [rows, d]
+          Mat<Scalar> Or = seen_times(P_in, Vh);  // [rows, d]
           store(r.O, p.q_offset(b, h, r0), Or);
           if (!backward) continue;
 
@@ -128,10 +169,10 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           Mat<Scalar> P_bwd = Pm;
           if (mode != RefMode::Exact)
             for (int64_t i = 0; i < rows; ++i) {
-              const int64_t n_vis = p.visible_keys(r0 + i);
-              if (n_vis == 0) continue;
+              const int64_t n = n_used[size_t(i)];
+              if (n == 0) continue;
               const Scalar L_f32 = Scalar(float(r.L[size_t(lo + i)]));
-              for (int64_t j = 0; j < n_vis; ++j) P_bwd(i, j) = std::exp(S(i, j) - L_f32);
+              for (int64_t j = 0; j < n; ++j) P_bwd(i, j) = std::exp(S(i, j) - L_f32);
             }
           P_in = P_bwd;
           round_to(mode, P_in);
@@ -139,12 +180,14 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           round_to(mode, Or);  // a kernel computes D from the O it stored
           const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr =
               dOr.cwiseProduct(Or).rowwise().sum();                    // D = rowsum(dO∘O)
-          dV_acc.noalias() += P_in.transpose() * dOr;                  // dV += Pᵀ dO
+          dV_acc += seen_transpose_times(P_in, dOr);                   // dV += Pᵀ dO
           const Mat<Scalar> dP = dOr * Vh.transpose();                 // dP = dO Vᵀ
           Mat<Scalar> dS = P_bwd.cwiseProduct(dP.colwise() - Dr);      // dS = P∘(dP − D)
+          for (int64_t i = 0; i < rows; ++i)  // 0 on keys the row does not take part with
+            dS.row(i).tail(Nk - n_used[size_t(i)]).setZero();
           round_to(mode, dS);
-          dK_acc.noalias() += scale * (dS.transpose() * Qr);           // dK += scale·dSᵀ Q
-          const Mat<Scalar> dQr = scale * (dS * Kh);                   // dQ = scale·dS K
+          dK_acc += scale * seen_transpose_times(dS, Qr);              // dK += scale·dSᵀ Q
+          const Mat<Scalar> dQr = scale * seen_times(dS, Kh);          // dQ = scale·dS K
           store(r.dQ, p.q_offset(b, h, r0), dQr);
           for (int64_t i = 0; i < rows; ++i) r.D[size_t(lo + i)] = double(Dr(i));
         }

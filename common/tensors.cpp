@@ -1,7 +1,12 @@
 #include "tensors.h"
 
+#include "errors.h"
+
+#include <unistd.h>
+
 #include <limits>
 #include <new>
+#include <sstream>
 #include <random>
 #include <stdexcept>
 
@@ -23,16 +28,37 @@ Dist parse_dist(const std::string& s) {
   throw std::invalid_argument("dist '" + s + "' is not one of normal, uniform, large");
 }
 
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : INT64_MAX;
+}
+
+namespace {
+// Refuses `bytes` more than the machine's memory before anything is allocated: a vector
+// larger than memory may still be granted (overcommit) and then kill the process when
+// its zeros are written.
+void require_fits_in_memory(double bytes, const std::string& what) {
+  const double have = double(physical_memory_bytes());
+  if (bytes <= have) return;
+  std::ostringstream s;
+  s.precision(3);
+  s << what << " needs " << bytes / double(1 << 30) << " GiB, more than this machine's "
+    << have / double(1 << 30) << " GiB of memory";
+  throw OutOfMemory(s.str());
+}
+}  // namespace
+
 std::vector<float> allocate(int64_t elems, const std::string& what) {
   if (elems < 0) throw std::invalid_argument(what + ": negative size " + std::to_string(elems));
+  require_fits_in_memory(double(elems) * sizeof(float), what);
   try {
     return std::vector<float>(size_t(elems));
   } catch (const std::bad_alloc&) {
-    throw std::runtime_error(what + ": cannot allocate " + std::to_string(elems) +
-                             " floats (" + std::to_string(elems * 4 / (1 << 20)) +
+    throw OutOfMemory(what + ": cannot allocate " + std::to_string(elems) +
+                             " floats (" + std::to_string(int64_t(double(elems) * 4 / (1 << 20))) +
                              " MiB) on the host");
   } catch (const std::length_error&) {
-    throw std::runtime_error(what + ": " + std::to_string(elems) + " floats is too large");
+    throw OutOfMemory(what + ": " + std::to_string(elems) + " floats is too large");
   }
 }
 
@@ -50,6 +76,10 @@ void fill(std::vector<float>& x, std::mt19937_64& rng, Dist dist, bool is_qk) {
 }  // namespace
 
 Tensors Tensors::make(const Problem& p, uint64_t seed, Dist dist, bool with_backward) {
+  p.validate("inputs");  // element counts must not wrap before they become sizes
+  const double q = double(p.q_elems()), kv = double(p.kv_elems()), l = double(p.l_elems());
+  require_fits_in_memory(sizeof(float) * (with_backward ? 4 * q + 4 * kv + l : 2 * q + 2 * kv + l),
+                         "the problem's host tensors (" + p.describe() + ")");
   Tensors t;
   t.Q = allocate(p.q_elems(), "Q");
   t.K = allocate(p.kv_elems(), "K");

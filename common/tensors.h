@@ -20,7 +20,12 @@ const char* dist_name(Dist d);
 /// Parses "normal", "uniform", "large"; throws std::invalid_argument otherwise.
 Dist parse_dist(const std::string& s);
 
-/// A dense fp32 host buffer. Allocation failure is reported with the size it needed.
+/// This machine's physical memory in bytes (INT64_MAX when it cannot be read).
+int64_t physical_memory_bytes();
+
+/// A dense fp32 host buffer. A buffer larger than physical memory is refused before it is
+/// allocated. Allocation failure throws OutOfMemory (errors.h) with the size
+/// it needed.
 std::vector<float> allocate(int64_t elems, const std::string& what);
 
 /// Everything one forward + backward run reads and writes, on the host, in fp32.

@@ -94,6 +94,8 @@ gpu_tests=()
 for n in 07 08 09 10; do
   [[ -x $BUILD/tests/test_stage$n ]] && gpu_tests+=("$BUILD/tests/test_stage$n")
 done
+# Bad input through the C ABI's device entry points, every GPU stage (a doctest program too).
+[[ -x $BUILD/tests/test_gpu_bad_input ]] && gpu_tests+=("$BUILD/tests/test_gpu_bad_input")
 : >"$OUT/sanitizer.log"
 sanitizer_rows=()
 if [[ ${FA_SKIP_SANITIZER:-0} == 1 ]]; then

@@ -2,17 +2,30 @@
 // error code plus a thread-local message.
 #include "fa_c.h"
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "errors.h"
 #include "stage_list.h"
 
 namespace {
 
 thread_local std::string last_error;
 
-fa::Problem to_problem(const fa_problem* p) {
-  if (!p) throw std::invalid_argument("problem pointer is NULL");
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+// The stage a call names (its full name or a unique prefix).
+const fa::StageInfo& stage_named(const char* name) {
+  require(name != nullptr, "stage name is NULL");
+  return fa::find_stage(name);
+}
+
+fa::Problem to_problem(const fa::StageInfo& s, const fa_problem* p) {
+  require(p != nullptr, s.name + ": problem pointer is NULL");
   fa::Problem q;
   q.batch = p->batch;
   q.heads = p->heads;
@@ -21,30 +34,49 @@ fa::Problem to_problem(const fa_problem* p) {
   q.seq_k = p->seq_k;
   q.head_dim = p->head_dim;
   if (p->causal != 0 && p->causal != 1)
-    throw std::invalid_argument("causal = " + std::to_string(p->causal) + " is not 0 or 1");
+    throw std::invalid_argument(s.name + ": causal = " + std::to_string(p->causal) + " is not 0 or 1");
   q.causal = p->causal == 1;
   q.scale = p->scale;
   return q;
 }
 
-fa::Dtype to_dtype(int t) {
-  if (t < 0 || t > 2) throw std::invalid_argument("dtype = " + std::to_string(t) + " is not FA_F32, FA_F16 or FA_BF16");
+// The caller's dtype is read as the int it was passed as, before it becomes an enum: a
+// value outside the enum (−1, 7) must not be loaded as a fa_dtype (undefined behaviour).
+fa::Dtype to_dtype(const fa::StageInfo& s, const fa_dtype* dtype) {
+  static_assert(sizeof(fa_dtype) == sizeof(int32_t), "fa_dtype is passed as a 32-bit int");
+  int32_t t = 0;
+  std::memcpy(&t, dtype, sizeof t);
+  if (t < 0 || t > 2)
+    throw std::invalid_argument(s.name + ": dtype = " + std::to_string(t) +
+                                " is not FA_F32 (0), FA_F16 (1) or FA_BF16 (2)");
   return fa::Dtype(t);
 }
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
-
 // Validates everything a call needs before the stage touches a buffer.
-const fa::StageInfo& prepare(const char* name, const fa::Problem& p, fa::Dtype t) {
-  require(name != nullptr, "stage name is NULL");
-  const fa::StageInfo& s = fa::find_stage(name);
+void prepare(const fa::StageInfo& s, const fa::Problem& p, fa::Dtype t) {
   p.validate(s.name);
   require(s.supports(t), s.name + ": dtype " + fa::dtype_name(t) + " is not supported by this stage");
   require(s.supports_head_dim(p.head_dim),
           s.name + ": head_dim = " + std::to_string(p.head_dim) + " is not supported by this stage");
-  return s;
+  if (s.is_gpu && !fa::gpu_available())
+    throw fa::NoCudaDevice(s.name + ": no CUDA device is available on this machine (a GPU stage)");
+}
+
+// Runs a stage's entry point so that whatever it throws names the stage called (a stage that
+// delegates, as 09's forward does to 08's, reports under its own name first).
+template <typename Fn>
+void run_stage(const fa::StageInfo& s, Fn&& fn) {
+  const auto named = [&](const char* what) {
+    const std::string m = what;
+    return m.compare(0, s.name.size(), s.name) == 0 ? m : s.name + ": " + m;
+  };
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(named(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(named(e.what()));
+  }
 }
 
 template <typename Fn>
@@ -65,9 +97,18 @@ int guarded(Fn&& fn) {
   }
 }
 
-void require_buffers(std::initializer_list<const void*> ptrs, bool empty_ok) {
-  if (empty_ok) return;
-  for (const void* ptr : ptrs) require(ptr != nullptr, "a tensor pointer is NULL");
+// One tensor argument: its name, pointer, and element count under the problem.
+struct Buffer {
+  const char* name;
+  const void* ptr;
+  int64_t elems;
+};
+
+// Every non-empty tensor needs a pointer; an empty one (seq_k = 0: K, V) may be NULL.
+void require_buffers(const fa::StageInfo& s, std::initializer_list<Buffer> buffers) {
+  for (const Buffer& b : buffers)
+    require(b.ptr != nullptr || b.elems == 0,
+            s.name + ": tensor " + b.name + " is NULL (it has " + std::to_string(b.elems) + " elements)");
 }
 
 }  // namespace
@@ -98,55 +139,71 @@ const char* fa_last_error(void) { return last_error.c_str(); }
 int fa_forward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, const float* Q,
                      const float* K, const float* V, float* O, float* L) {
   return guarded([&] {
-    const fa::Problem q = to_problem(p);
-    const auto& s = prepare(stage, q, to_dtype(dtype));
-    require_buffers({Q, K, V, O, L}, q.q_elems() == 0 && q.kv_elems() == 0);
-    s.forward(q, fa::Dtype(dtype), Q, K, V, O, L);
+    const fa::StageInfo& s = stage_named(stage);
+    const fa::Problem q = to_problem(s, p);
+    const fa::Dtype t = to_dtype(s, &dtype);
+    prepare(s, q, t);
+    require_buffers(s, {{"Q", Q, q.q_elems()}, {"K", K, q.kv_elems()}, {"V", V, q.kv_elems()},
+                        {"O", O, q.q_elems()}, {"L", L, q.l_elems()}});
+    if (q.q_elems() > 0)  // no query row: nothing to write
+      run_stage(s, [&] { s.forward(q, t, Q, K, V, O, L); });
   });
 }
 
 int fa_forward(const char* stage, const fa_problem* p, const float* Q, const float* K,
                const float* V, float* O, float* L) {
-  return guarded([&] {
-    require(stage != nullptr, "stage name is NULL");
-    // A stage that does not compute in fp32 (08, 09) runs in its first dtype.
-    const fa::Dtype t = fa::find_stage(stage).dtypes.front();
-    const int rc = fa_forward_dtype(stage, p, fa_dtype(int(t)), Q, K, V, O, L);
-    if (rc != FA_OK) throw std::runtime_error(last_error);
+  // A stage that does not compute in fp32 (08, 09) runs in its first dtype.
+  fa::Dtype t = fa::Dtype::F32;
+  const int rc = guarded([&] {
+    t = stage_named(stage).dtypes.front();
   });
+  return rc != FA_OK ? rc : fa_forward_dtype(stage, p, fa_dtype(int(t)), Q, K, V, O, L);
 }
 
 int fa_backward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, const float* Q,
                       const float* K, const float* V, const float* O, const float* L,
                       const float* dO, float* dQ, float* dK, float* dV) {
   return guarded([&] {
-    const fa::Problem q = to_problem(p);
-    const auto& s = prepare(stage, q, to_dtype(dtype));
+    const fa::StageInfo& s = stage_named(stage);
+    const fa::Problem q = to_problem(s, p);
+    const fa::Dtype t = to_dtype(s, &dtype);
+    prepare(s, q, t);
     require(s.has_backward(), s.name + ": this stage has no backward pass");
-    require_buffers({Q, K, V, O, L, dO, dQ, dK, dV}, q.q_elems() == 0 && q.kv_elems() == 0);
-    s.backward(q, fa::Dtype(dtype), Q, K, V, O, L, dO, dQ, dK, dV);
+    const int64_t nq = q.q_elems(), nkv = q.kv_elems();
+    require_buffers(s, {{"Q", Q, nq}, {"K", K, nkv}, {"V", V, nkv}, {"O", O, nq}, {"L", L, q.l_elems()},
+                        {"dO", dO, nq}, {"dQ", dQ, nq}, {"dK", dK, nkv}, {"dV", dV, nkv}});
+    if (nq > 0) {
+      run_stage(s, [&] { s.backward(q, t, Q, K, V, O, L, dO, dQ, dK, dV); });
+    } else {  // no query row: no gradient reaches a key
+      std::fill_n(dK, nkv, 0.0f);
+      std::fill_n(dV, nkv, 0.0f);
+    }
   });
 }
 
 int fa_backward(const char* stage, const fa_problem* p, const float* Q, const float* K,
                 const float* V, const float* O, const float* L, const float* dO, float* dQ,
                 float* dK, float* dV) {
-  return guarded([&] {
-    require(stage != nullptr, "stage name is NULL");
-    const fa::Dtype t = fa::find_stage(stage).dtypes.front();
-    const int rc = fa_backward_dtype(stage, p, fa_dtype(int(t)), Q, K, V, O, L, dO, dQ, dK, dV);
-    if (rc != FA_OK) throw std::runtime_error(last_error);
+  fa::Dtype t = fa::Dtype::F32;
+  const int rc = guarded([&] {
+    t = stage_named(stage).dtypes.front();
   });
+  return rc != FA_OK ? rc
+                     : fa_backward_dtype(stage, p, fa_dtype(int(t)), Q, K, V, O, L, dO, dQ, dK, dV);
 }
 
 int fa_forward_device(const char* stage, const fa_problem* p, fa_dtype dtype, const void* Q,
                       const void* K, const void* V, void* O, float* L, void* stream) {
   return guarded([&] {
-    const fa::Problem q = to_problem(p);
-    const auto& s = prepare(stage, q, to_dtype(dtype));
+    const fa::StageInfo& s = stage_named(stage);
+    const fa::Problem q = to_problem(s, p);
+    const fa::Dtype t = to_dtype(s, &dtype);
+    prepare(s, q, t);
     require(bool(s.forward_device), s.name + ": not a GPU stage (use fa_forward with host buffers)");
-    require_buffers({Q, K, V, O, L}, q.q_elems() == 0 && q.kv_elems() == 0);
-    s.forward_device(q, fa::Dtype(dtype), Q, K, V, O, L, stream);
+    require_buffers(s, {{"Q", Q, q.q_elems()}, {"K", K, q.kv_elems()}, {"V", V, q.kv_elems()},
+                        {"O", O, q.q_elems()}, {"L", L, q.l_elems()}});
+    if (q.q_elems() > 0)  // no query row: nothing to write (and no grid of 2^30 empty heads)
+      run_stage(s, [&] { s.forward_device(q, t, Q, K, V, O, L, stream); });
   });
 }
 
@@ -154,11 +211,15 @@ int fa_backward_device(const char* stage, const fa_problem* p, fa_dtype dtype, c
                        const void* K, const void* V, const void* O, const float* L,
                        const void* dO, void* dQ, void* dK, void* dV, void* stream) {
   return guarded([&] {
-    const fa::Problem q = to_problem(p);
-    const auto& s = prepare(stage, q, to_dtype(dtype));
+    const fa::StageInfo& s = stage_named(stage);
+    const fa::Problem q = to_problem(s, p);
+    const fa::Dtype t = to_dtype(s, &dtype);
+    prepare(s, q, t);
     require(bool(s.backward_device), s.name + ": has no GPU backward");
-    require_buffers({Q, K, V, O, L, dO, dQ, dK, dV}, q.q_elems() == 0 && q.kv_elems() == 0);
-    s.backward_device(q, fa::Dtype(dtype), Q, K, V, O, L, dO, dQ, dK, dV, stream);
+    const int64_t nq = q.q_elems(), nkv = q.kv_elems();
+    require_buffers(s, {{"Q", Q, nq}, {"K", K, nkv}, {"V", V, nkv}, {"O", O, nq}, {"L", L, q.l_elems()},
+                        {"dO", dO, nq}, {"dQ", dQ, nq}, {"dK", dK, nkv}, {"dV", dV, nkv}});
+    run_stage(s, [&] { s.backward_device(q, t, Q, K, V, O, L, dO, dQ, dK, dV, stream); });
   });
 }
 

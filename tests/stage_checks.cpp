@@ -202,6 +202,80 @@ void check_adversarial(const StageInfo& s, Dtype t, bool with_backward) {
   }
 }
 
+void check_nonfinite_semantics(const StageInfo& s, Dtype t, bool with_backward) {
+  const int d = tested_head_dims(s).front();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // 1. Causal, 40 × 40: NaN in V of key 20, +inf in V of key 21, NaN in K of key 30. Rows
+  //    0–19 see none of them: their O, L and dQ are finite; rows 20.. are not.
+  {
+    const Problem p = make(1, 2, 1, 40, 40, d, true);
+    Tensors x = Tensors::make(p, 12, Dist::Normal, with_backward);
+    x.V[size_t(p.kv_offset(0, 0, 20) + 1)] = nan;
+    x.V[size_t(p.kv_offset(0, 0, 21) + 2)] = inf;
+    x.K[size_t(p.kv_offset(0, 0, 30) + 0)] = nan;
+    const CheckReport r = run_check(s, p, t, x, with_backward);
+    INFO("NaN/inf in K, V of keys 20, 21, 30 under the causal mask: " << context(s, p, t, 12, Dist::Normal));
+    INFO(r.summary());
+    CHECK(r.pass());
+    const auto row_finite = [&](const std::vector<float>& a, int h, int64_t i) {
+      const auto first = a.begin() + p.q_offset(0, h, i);
+      return std::all_of(first, first + d, [](float v) { return std::isfinite(v); });
+    };
+    for (int h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        INFO("head " << h << " row " << i);
+        CHECK(row_finite(x.O, h, i) == (i < 20));                          // V reaches O only
+        CHECK(std::isfinite(x.L[size_t(p.l_offset(0, h, i))]) == (i < 30));  // K reaches L too
+        if (with_backward && i < 20) CHECK(row_finite(x.dQ, h, i));
+      }
+  }
+  // 2. NaN in Q of row 5: with the causal mask key 5 is seen by rows 5.. only, so dK, dV
+  //    of keys 6.. get nothing from row 5 and stay finite.
+  if (with_backward) {
+    const Problem p = make(1, 1, 1, 24, 24, d, true);
+    Tensors x = Tensors::make(p, 13, Dist::Normal, true);
+    x.Q[size_t(p.q_offset(0, 0, 5) + 2)] = nan;
+    const CheckReport r = run_check(s, p, t, x, true);
+    INFO("NaN in Q row 5 under the causal mask: " << context(s, p, t, 13, Dist::Normal));
+    INFO(r.summary());
+    CHECK(r.pass());
+    for (int64_t j = 0; j < p.seq_k; ++j) {
+      INFO("key " << j);
+      CHECK(std::isfinite(x.dK[size_t(p.kv_offset(0, 0, j))]) == (j > 5));
+      CHECK(std::isfinite(x.dV[size_t(p.kv_offset(0, 0, j))]) == (j > 5));
+    }
+  }
+  // 3. Logits of −inf (forward): Q[:, 0] < 0 and K row 0 = +inf in column 0 gives every row
+  //    the logit −inf for key 0 (the first key: an online softmax starts at m = −inf);
+  //    rows 3 and 7 get Q = (−inf, 0, …) and K[:, 0] > 0, so every logit of theirs is −inf.
+  {
+    const Problem p = make(1, 1, 1, 12, 17, d, false);
+    Tensors x = Tensors::make(p, 14, Dist::Normal, false);
+    for (int64_t i = 0; i < p.seq_q; ++i) x.Q[size_t(p.q_offset(0, 0, i))] = -std::abs(x.Q[size_t(p.q_offset(0, 0, i))]) - 0.5f;
+    for (int64_t j = 0; j < p.seq_k; ++j) x.K[size_t(p.kv_offset(0, 0, j))] = std::abs(x.K[size_t(p.kv_offset(0, 0, j))]) + 0.5f;
+    x.K[size_t(p.kv_offset(0, 0, 0))] = inf;
+    for (int64_t i : {3, 7}) {
+      std::fill_n(x.Q.begin() + p.q_offset(0, 0, i), d, 0.0f);
+      x.Q[size_t(p.q_offset(0, 0, i))] = -inf;
+    }
+    x.V[size_t(p.kv_offset(0, 0, 0) + 1)] = nan;  // weight 0, but it takes part: rows are NaN…
+    const CheckReport r0 = check_forward(s, p, t, x);
+    INFO("−inf logits: " << context(s, p, t, 14, Dist::Normal));
+    INFO(r0.summary());
+    CHECK(r0.pass());
+    for (int64_t i : {3, 7}) {  // …except the rows whose every logit is −inf: O = 0, L = −inf
+      INFO("row " << i << " has only −inf logits");
+      CHECK(x.L[size_t(p.l_offset(0, 0, i))] == -inf);
+      for (int c = 0; c < d; ++c) CHECK(x.O[size_t(p.q_offset(0, 0, i) + c)] == 0.0f);
+    }
+    x.V[size_t(p.kv_offset(0, 0, 0) + 1)] = 0.5f;  // finite V: every other row is finite
+    const CheckReport r1 = check_forward(s, p, t, x);
+    INFO(r1.summary());
+    CHECK(r1.pass());
+    for (int64_t i = 0; i < p.seq_q; ++i) CHECK(std::isfinite(x.O[size_t(p.q_offset(0, 0, i))]));
+  }
+}
+
 void check_properties(const StageInfo& s, Dtype t, bool with_backward) {
   const int d = tested_head_dims(s).front();
   // Key permutation invariance: permuting the rows of K and V together (non-causal)

@@ -32,6 +32,12 @@ void check_matrix(const StageInfo& s, Dtype dtype, bool with_backward);
 /// row (NaN reaches exactly the rows it should).
 void check_adversarial(const StageInfo& s, Dtype dtype, bool with_backward);
 
+/// Non-finite inputs under a mask (README, "NaN and infinity"): a row's outputs depend only
+/// on the keys it sees, so NaN or inf in K or V of a key a row does not see never reaches it
+/// (nor that key's dK, dV from that row); a row whose every logit is −inf has O = 0, L = −inf;
+/// a leading −inf logit takes no weight. Stage and reference must agree element by element.
+void check_nonfinite_semantics(const StageInfo& s, Dtype dtype, bool with_backward);
+
 /// Properties: key-permutation invariance (non-causal), bitwise determinism of two runs.
 void check_properties(const StageInfo& s, Dtype dtype, bool with_backward);
 

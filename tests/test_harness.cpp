@@ -197,6 +197,47 @@ TEST_CASE("a bad Problem is refused with a message naming the value") {
   CHECK_THROWS_AS(fa::parse_dist("cauchy"), std::invalid_argument);
 }
 
+TEST_CASE("a Problem whose element counts or byte sizes overflow is refused with the sizes") {
+  auto message = [](Problem p) {
+    try {
+      p.validate("test");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto make = [](int batch, int heads, int kv_heads, int seq_q, int seq_k, int d) {
+    Problem p;
+    p.batch = batch;
+    p.heads = heads;
+    p.kv_heads = kv_heads;
+    p.seq_q = seq_q;
+    p.seq_k = seq_k;
+    p.head_dim = d;
+    return p;
+  };
+  // Q's count wraps past int64 to 4 elements (issue 13's reproducer).
+  std::string m = message(make(494770, 769546, 769546, 48448661, 1, 1));
+  CHECK(m.find("test: Q would hold") != std::string::npos);
+  CHECK(m.find("494770 x 769546 x 48448661 x 1") != std::string::npos);
+  // 2^22 · 2^21 · 2^21 = 2^64 wraps to exactly 0: an empty-looking problem.
+  m = message(make(1 << 22, 1 << 21, 1, 1 << 21, 0, 1));
+  CHECK(m.find("Q would hold") != std::string::npos);
+  CHECK(m.find("4194304 x 2097152 x 2097152 x 1") != std::string::npos);
+  // K alone overflows.
+  m = message(make(1 << 20, 1 << 20, 1 << 20, 1, 1 << 30, 1));
+  CHECK(m.find("K would hold") != std::string::npos);
+  // The count fits in int64 but its fp32 bytes do not (2^62 elements).
+  m = message(make(1 << 30, 1 << 30, 1, 4, 1, 1));
+  CHECK(m.find("Q would hold") != std::string::npos);
+  CHECK(m.find("at most " + std::to_string(fa::kMaxTensorElems)) != std::string::npos);
+  // 2^61 elements are 2^63 bytes: one too many; 3 · 2^59 are accepted. A zero size makes
+  // the tensor empty, not overflowing.
+  CHECK(message(make(1 << 30, 1 << 29, 1, 4, 1, 1)).find("Q would hold") != std::string::npos);
+  CHECK(message(make(1 << 30, 1 << 29, 1, 3, 1, 1)) == "accepted");
+  CHECK(message(make(1 << 30, 1 << 30, 1, 0, 0, 1 << 30)) == "accepted");
+}
+
 TEST_CASE("the stage list: names, prefixes, unknown names") {
   const auto& all = fa::all_stages();
   REQUIRE(all.size() >= 5);

@@ -1,4 +1,5 @@
 """The C ABI through the ctypes wrapper (notebooks/fa.py), checked against numpy."""
+import ctypes
 import pathlib
 import sys
 
@@ -55,8 +56,34 @@ except fa.FaError as e:
 lib = fa.library()
 check(lib.fa_stage_name(-1) is None and lib.fa_stage_name(999) is None, "out-of-range stage index gives NULL")
 check(lib.fa_stage_is_gpu(b"nope") == -1, "unknown stage: is_gpu = -1")
-check(lib.fa_forward(b"05", None, None, None, None, None, None) != 0
-      and b"NULL" in lib.fa_last_error(), "NULL problem refused")
+check(lib.fa_forward(b"05", None, None, None, None, None, None) == 1
+      and b"NULL" in lib.fa_last_error(), "NULL problem refused with FA_ERR_INVALID")
+
+# Invalid input is FA_ERR_INVALID (1) from every entry point, with a message naming the
+# value; the messages formatted through a stream (scale) must not crash a process that has
+# numpy (and so the system libstdc++) loaded.
+f32p = ctypes.POINTER(ctypes.c_float)
+Q = np.zeros((1, 2, 4, 16), np.float32)
+O = np.full((1, 2, 4, 16), 7.0, np.float32)
+L = np.full((1, 2, 4), 7.0, np.float32)
+ptrs = [a.ctypes.data_as(f32p) for a in (Q, Q, Q, O, L)]
+for fields, says in [(dict(scale=float("nan")), b"scale = nan"), (dict(scale=-1.0), b"scale = -1"),
+                     (dict(heads=3), b"heads = 3"), (dict(seq_q=-1), b"seq_q = -1"),
+                     (dict(causal=2), b"causal = 2")]:
+    p = fa.Problem(1, 2, 2, 4, 4, 16, 0, 0.0)
+    for k, v in fields.items():
+        setattr(p, k, v)
+    for call in ("fa_forward", "fa_forward_dtype"):
+        args = [b"05", ctypes.byref(p)] + ([0] if call == "fa_forward_dtype" else []) + ptrs
+        rc = getattr(lib, call)(*args)
+        msg = lib.fa_last_error()
+        check(rc == 1 and says in msg and np.all(O == 7.0) and np.all(L == 7.0),
+              f"{call} with {fields}: code {rc} (want 1), '{msg.decode()}', outputs untouched")
+p = fa.Problem(1, 2, 2, 4, 4, 16, 0, 0.0)
+for dtype in (-1, 3):
+    rc = lib.fa_forward_dtype(b"05", ctypes.byref(p), dtype, *ptrs)
+    msg = lib.fa_last_error()
+    check(rc == 1 and f"dtype = {dtype}".encode() in msg, f"dtype {dtype} refused: code {rc}, '{msg.decode()}'")
 
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -103,6 +103,16 @@ TEST_CASE("stage 06: shape matrix again with small tiles that divide nothing") {
 }
 
 TEST_CASE("stage 06: adversarial inputs") { fa::test::check_adversarial(stage(), fa::Dtype::F32, true); }
+TEST_CASE("stage 06: NaN and inf under a mask, with any tile size") {
+  fa::test::check_nonfinite_semantics(stage(), fa::Dtype::F32, true);
+  // Small tiles put masked NaN keys inside diagonal-crossing tiles the default size hides.
+  for (int64_t bq : {1, 4, 16})
+    for (int64_t bk : {1, 5, 16}) {
+      const StageOptions tiles{{"block_q", bq}, {"block_k", bk}};
+      INFO("block_q " << bq << " block_k " << bk);
+      fa::test::check_nonfinite_semantics(stage(), fa::Dtype::F32, true);
+    }
+}
 TEST_CASE("stage 06: properties") { fa::test::check_properties(stage(), fa::Dtype::F32, true); }
 TEST_CASE("stage 06: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
 TEST_CASE("stage 06: random shapes") { fa::test::check_random_shapes(stage(), fa::Dtype::F32, true, 6); }

@@ -28,6 +28,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   const float scale = p.softmax_scale();
   std::vector<float> S = allocate(Nq * Nk, "01_naive: S");  // [N_q, N_k] scores
   std::vector<float> P = allocate(Nq * Nk, "01_naive: P");  // [N_q, N_k] probabilities
+  std::vector<int64_t> n_used(static_cast<size_t>(Nq));      // [N_q] keys each row sums over
 
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.heads; ++h) {
@@ -50,24 +51,29 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
       // P_ij = e^{S_ij} / Σ_k e^{S_ik}. No max is subtracted: e^{S_ij} overflows to inf
       // for S_ij > 88.7, and then P_ij = inf/inf = NaN.
       for (int64_t i = 0; i < Nq; ++i) {
+        // A row whose every logit is −inf counts as a row that sees no key (O = 0, L = −inf).
         const int64_t n_vis = p.visible_keys(i);
+        bool any = false;
+        for (int64_t j = 0; j < n_vis; ++j) any = any || S[i * Nk + j] != -INFINITY;
+        const int64_t n = any ? n_vis : 0;
+        n_used[size_t(i)] = n;
         float row_sum = 0.0f;
-        for (int64_t j = 0; j < n_vis; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           P[i * Nk + j] = std::exp(S[i * Nk + j]);
           row_sum += P[i * Nk + j];
         }
-        for (int64_t j = 0; j < n_vis; ++j) P[i * Nk + j] /= row_sum;
+        for (int64_t j = 0; j < n; ++j) P[i * Nk + j] /= row_sum;
         // L_i = log Σ e^{S_ik}; a row that sees no key has L = −inf.
-        L[p.l_offset(b, h, i)] = n_vis == 0 ? -INFINITY : std::log(row_sum);
+        L[p.l_offset(b, h, i)] = n == 0 ? -INFINITY : std::log(row_sum);
       }
       //! [naive softmax]
 
       //! [naive output]
-      // O = P V  (a row that sees no key stays 0)
+      // O = P V over the keys each row sees (a row that sees no key stays 0)
       for (int64_t i = 0; i < Nq; ++i)
         for (int64_t c = 0; c < d; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j < p.visible_keys(i); ++j) acc += P[i * Nk + j] * v[j * d + c];
+          for (int64_t j = 0; j < n_used[size_t(i)]; ++j) acc += P[i * Nk + j] * v[j * d + c];
           o[i * d + c] = acc;
         }
       //! [naive output]

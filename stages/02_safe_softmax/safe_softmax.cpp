@@ -30,6 +30,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   const float scale = p.softmax_scale();
   std::vector<float> S = allocate(Nq * Nk, "02_safe_softmax: S");  // [N_q, N_k] scores
   std::vector<float> P = allocate(Nq * Nk, "02_safe_softmax: P");  // [N_q, N_k] probabilities
+  std::vector<int64_t> n_used(static_cast<size_t>(Nq));             // [N_q] keys each row sums over
 
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.heads; ++h) {
@@ -53,23 +54,26 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         float row_max = -INFINITY;
         for (int64_t j = 0; j < n_vis; ++j)
           row_max = (S[i * Nk + j] > row_max || std::isnan(S[i * Nk + j])) ? S[i * Nk + j] : row_max;
+        // A row whose every logit is −inf (m_i = −inf) sees no key: O = 0, L = −inf.
+        const int64_t n = row_max == -INFINITY ? 0 : n_vis;
+        n_used[size_t(i)] = n;
         // l_i = Σ_j e^{S_ij − m_i}: every term is in (0, 1], so the sum is in [1, N_k].
         float row_sum = 0.0f;
-        for (int64_t j = 0; j < n_vis; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           P[i * Nk + j] = std::exp(S[i * Nk + j] - row_max);
           row_sum += P[i * Nk + j];
         }
-        for (int64_t j = 0; j < n_vis; ++j) P[i * Nk + j] /= row_sum;
+        for (int64_t j = 0; j < n; ++j) P[i * Nk + j] /= row_sum;
         // L_i = m_i + log l_i: the log-sum-exp of the row, without ever forming e^{m_i}.
-        L[p.l_offset(b, h, i)] = n_vis == 0 ? -INFINITY : row_max + std::log(row_sum);
+        L[p.l_offset(b, h, i)] = n == 0 ? -INFINITY : row_max + std::log(row_sum);
       }
       //! [safe softmax]
 
-      // O = P V (unchanged from stage 01)
+      // O = P V over the keys each row sees (unchanged from stage 01)
       for (int64_t i = 0; i < Nq; ++i)
         for (int64_t c = 0; c < d; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j < p.visible_keys(i); ++j) acc += P[i * Nk + j] * v[j * d + c];
+          for (int64_t j = 0; j < n_used[size_t(i)]; ++j) acc += P[i * Nk + j] * v[j * d + c];
           o[i * d + c] = acc;
         }
     }

@@ -52,19 +52,21 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
           const float s = score(q_i, k + j * d, d, scale);
           m = (s > m || std::isnan(s)) ? s : m;
         }
+        // A row whose every logit is −inf (m_i = −inf) sees no key: O = 0, L = −inf.
+        const int64_t n = m == -INFINITY ? 0 : n_vis;
         // pass 2: l_i = Σ_j e^{S_ij − m_i}
         float l = 0.0f;
-        for (int64_t j = 0; j < n_vis; ++j) l += std::exp(score(q_i, k + j * d, d, scale) - m);
+        for (int64_t j = 0; j < n; ++j) l += std::exp(score(q_i, k + j * d, d, scale) - m);
         // pass 3: O_i = Σ_j (e^{S_ij − m_i} / l_i) · v_j
         for (int64_t c = 0; c < d; ++c) o_i[c] = 0.0f;
-        for (int64_t j = 0; j < n_vis; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           const float p_ij = std::exp(score(q_i, k + j * d, d, scale) - m) / l;
           for (int64_t c = 0; c < d; ++c) o_i[c] += p_ij * v[j * d + c];
         }
         //! [three passes]
 
         const int64_t li = p.l_offset(b, h, i);
-        L[li] = n_vis == 0 ? -INFINITY : m + std::log(l);
+        L[li] = n == 0 ? -INFINITY : m + std::log(l);
         if (row_max) row_max[li] = m;
         if (row_sum) row_sum[li] = l;
       }

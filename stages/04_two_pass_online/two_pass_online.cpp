@@ -53,27 +53,32 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         float m = -INFINITY, l = 0.0f;
         for (int64_t j = 0; j < n_vis; ++j) {
           const float s = score(q_i, k + j * d, d, scale);
-          // LAB BEGIN: online normaliser — hint: m_new = max(m, s); l = l·e^{m − m_new} + e^{s − m_new}
+          // LAB BEGIN: online normaliser — hint: m_new = max(m, s); l = l·e^{m − m_new} + e^{s − m_new}, subtracting 0 instead of m_new while m_new = −inf
           const float m_new = (s > m || std::isnan(s)) ? s : m;
           // l' = l·e^{m − m'} + e^{s − m'}. On the first key m = −inf and l = 0: the
-          // rescale factor e^{−inf} = 0 multiplies an empty sum, so no special case.
-          l = l * std::exp(m - m_new) + std::exp(s - m_new);
+          // rescale factor e^{−inf} = 0 multiplies an empty sum. While every logit so far
+          // is −inf, m' = −inf too: subtract 0 instead, so that e^{−inf − 0} = 0 rather
+          // than e^{−inf + inf} = NaN.
+          const float shift = m_new == -INFINITY ? 0.0f : m_new;
+          l = l * std::exp(m - shift) + std::exp(s - shift);
           m = m_new;
           // LAB END
         }
         //! [online normaliser]
 
         //! [output pass]
-        // pass 2: O_i = Σ_j (e^{S_ij − m} / l) · v_j, with the final m and l
+        // pass 2: O_i = Σ_j (e^{S_ij − m} / l) · v_j, with the final m and l. A row whose
+        // every logit is −inf (l = 0) sees no key: O = 0, L = −inf.
+        const int64_t n = l == 0.0f ? 0 : n_vis;
         for (int64_t c = 0; c < d; ++c) o_i[c] = 0.0f;
-        for (int64_t j = 0; j < n_vis; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           const float p_ij = std::exp(score(q_i, k + j * d, d, scale) - m) / l;
           for (int64_t c = 0; c < d; ++c) o_i[c] += p_ij * v[j * d + c];
         }
         //! [output pass]
 
         const int64_t li = p.l_offset(b, h, i);
-        L[li] = n_vis == 0 ? -INFINITY : m + std::log(l);
+        L[li] = n == 0 ? -INFINITY : m + std::log(l);
         if (row_max) row_max[li] = m;
         if (row_sum) row_sum[li] = l;
       }

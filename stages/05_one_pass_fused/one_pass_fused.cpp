@@ -57,10 +57,13 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         std::fill(O_acc.begin(), O_acc.end(), 0.0f);
         for (int64_t j = 0; j < n_vis; ++j) {
           const float s = score(q_i, k + j * d, d, scale);
-          // LAB BEGIN: online update — hint: m' = max(m, s); α = e^{m − m'}; p = e^{s − m'}; rescale l and O_acc by α, then add p and p·v_j
+          // LAB BEGIN: online update — hint: m' = max(m, s); α = e^{m − m'}; p = e^{s − m'} (subtract 0 instead of m' while m' = −inf); rescale l and O_acc by α, then add p and p·v_j
           const float m_new = (s > m || std::isnan(s)) ? s : m;
-          const float alpha = std::exp(m - m_new);  // rescales everything summed so far
-          const float p_ij = std::exp(s - m_new);   // this key's weight, relative to m'
+          // While every logit so far is −inf, m' = −inf: subtract 0 instead (e^{−inf} = 0,
+          // where e^{−inf + inf} would be NaN).
+          const float shift = m_new == -INFINITY ? 0.0f : m_new;
+          const float alpha = std::exp(m - shift);  // rescales everything summed so far
+          const float p_ij = std::exp(s - shift);   // this key's weight, relative to m'
           l = alpha * l + p_ij;                     // l' = α·l + p
           for (int64_t c = 0; c < d; ++c)           // O_acc' = α·O_acc + p·v_j
             O_acc[size_t(c)] = alpha * O_acc[size_t(c)] + p_ij * v[j * d + c];
@@ -70,10 +73,11 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
         //! [fused pass]
 
         //! [normalise]
-        // O_i = O_acc / l, once, at the end. A row that sees no key keeps O = 0.
-        for (int64_t c = 0; c < d; ++c) o_i[c] = n_vis == 0 ? 0.0f : O_acc[size_t(c)] / l;
+        // O_i = O_acc / l, once, at the end. l = 0 only for a row that sees no key, or
+        // whose every logit is −inf (otherwise its largest logit adds e^0 = 1): O = 0.
+        for (int64_t c = 0; c < d; ++c) o_i[c] = l == 0.0f ? 0.0f : O_acc[size_t(c)] / l;
         const int64_t li = p.l_offset(b, h, i);
-        L[li] = n_vis == 0 ? -INFINITY : m + std::log(l);  // L_i = m_i + log l_i
+        L[li] = l == 0.0f ? -INFINITY : m + std::log(l);  // L_i = m_i + log l_i
         //! [normalise]
         if (row_max) row_max[li] = m;
         if (row_sum) row_sum[li] = l;

@@ -22,12 +22,14 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <thread>
 #include <vector>
 
+#include "errors.h"
 #include "tensors.h"
 #include "tiled_cpu.h"
 #include "timing.h"
@@ -130,7 +132,7 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
   int n = 4096, d = 64, repeat = 3;
   std::vector<int> memory_sizes{1024, 2048, 4096};
   std::string csv;
@@ -140,7 +142,13 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", repeat, "timed runs per measurement (median), after one warm-up")->capture_default_str();
   app.add_option("--memory-sizes", memory_sizes, "N at which stage 02 and 06 are compared")->capture_default_str();
   app.add_option("--csv", csv, "write the rows to this CSV file");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    throw std::invalid_argument(std::string(e.what()) + " (see --help)");
+  }
 
   // Other work on the machine skews every figure (the two-thread rows most): say how busy it was.
   const std::string load_before = first_line_of("cat /proc/loadavg");
@@ -271,11 +279,18 @@ int main(int argc, char** argv) {
   if (!csv.empty()) {
     std::ofstream f(csv);
     f << out.str();
-    if (!f) {
-      std::fprintf(stderr, "bench06: could not write %s\n", csv.c_str());
-      return 2;
-    }
+    if (!f) throw std::runtime_error("could not write " + csv);
     std::printf("\nwrote %s\n", csv.c_str());
   }
   return 0;
+}
+
+// Every failure (a bad size, memory, a file that cannot be written) is one line and an
+// exit code (errors.h).
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (...) {
+    return fa::report_failure("bench06", std::current_exception());
+  }
 }

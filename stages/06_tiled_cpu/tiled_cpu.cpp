@@ -166,6 +166,34 @@ int64_t keys_seen(const Problem& p, int64_t row, int64_t c0, int64_t cols) {
   return std::clamp<int64_t>(p.visible_keys(row) - c0, 0, cols);
 }
 
+// The keys of a tile that row `row` takes part with in the backward: the ones it sees, or
+// none when L = −inf (a row that sees no key, or whose every logit is −inf).
+int64_t keys_used(const Problem& p, int64_t row, int64_t c0, int64_t cols, bool diagonal, float L) {
+  return L == -kInf ? 0 : (diagonal ? keys_seen(p, row, c0, cols) : cols);
+}
+
+// True when some row of the tile takes part with fewer than all of its keys: the tile
+// crosses the diagonal, or a row has L = −∞. Its products then run over the seen keys.
+bool partial_tile(const Problem& p, int64_t r0, int64_t c0, int64_t cols, const Column& L_i) {
+  return crosses_diagonal(p, r0, c0, cols) || (L_i.array() == -kInf).any();
+}
+
+// Products over the keys each row of a tile takes part with, the first n(r) of the tile's
+// keys. A key a row does not see must not reach it, even when its K or V holds a NaN or an
+// inf: the full product would add 0·NaN = NaN. Used only where some row has n(r) < B_c.
+// C += A·B:   [rows, B_c]·[B_c, d] → [rows, d]   (O_i += P V_j,  dQ_i += dS K_j)
+template <typename KeysOfRow>
+void add_product_seen(Tile C, const Tile& A, const Tile& B, KeysOfRow n) {
+  for (int64_t r = 0; r < A.rows(); ++r)
+    if (n(r) > 0) C.row(r).noalias() += A.row(r).head(n(r)) * B.topRows(n(r));
+}
+// C += Aᵀ·B:  [rows, B_c]ᵀ·[rows, d] → [B_c, d]   (dV_j += Pᵀ dO_i,  dK_j += dSᵀ Q_i)
+template <typename KeysOfRow>
+void add_transpose_product_seen(Tile C, const Tile& A, const Tile& B, KeysOfRow n) {
+  for (int64_t r = 0; r < A.rows(); ++r)
+    if (n(r) > 0) C.topRows(n(r)).noalias() += A.row(r).head(n(r)).transpose() * B.row(r);
+}
+
 // The backward's recomputation for one tile, shared by the dK/dV pass and the dQ pass:
 //   P_ij = exp(S_ij − L_i)   (L_i = m_i + log l_i, so P comes out already normalised)
 //   dS_ij = P_ij∘(dP_ij − D_i),  dP_ij = dO_i V_jᵀ
@@ -175,17 +203,20 @@ void recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const
                     const Tile& V_j, Tile P, Tile dS) {
   //! [recompute dS]
   P.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ  [B_r, B_c]
-  // LAB BEGIN: recompute P and dS — hint: P = exp(S − L_i) on the keys each row sees, 0 on the others; dP = dO_i V_jᵀ; dS = P∘(dP − D_i)
+  // LAB BEGIN: recompute P and dS — hint: P = exp(S − L_i) on the keys each row uses (keys_used), 0 on the others; dP = dO_i V_jᵀ; dS = P∘(dP − D_i) on those keys, 0 on the others
   const int64_t cols = P.cols();
   const bool diagonal = crosses_diagonal(p, r0, c0, cols);  // only then do rows see fewer keys
   for (int64_t r = 0; r < P.rows(); ++r) {
-    const int64_t n = diagonal ? keys_seen(p, r0 + r, c0, cols) : cols;
+    const int64_t n = keys_used(p, r0 + r, c0, cols, diagonal, L_i(r));
     P.row(r).head(n) = (P.row(r).head(n).array() - L_i(r)).exp().matrix();  // P_ij = exp(S_ij − L_i)
     P.row(r).tail(cols - n).setZero();                                        // masked: P_ij = 0
   }
   dS.noalias() = dO_i * V_j.transpose();  // dP_ij = dO_i V_jᵀ  [B_r, B_c]
-  for (int64_t r = 0; r < dS.rows(); ++r)  // dS_ij = P_ij∘(dP_ij − D_i)
-    dS.row(r) = (P.row(r).array() * (dS.row(r).array() - D_i(r))).matrix();
+  for (int64_t r = 0; r < dS.rows(); ++r) {  // dS_ij = P_ij∘(dP_ij − D_i), 0 where P_ij is
+    const int64_t n = keys_used(p, r0 + r, c0, cols, diagonal, L_i(r));
+    dS.row(r).head(n) = (P.row(r).head(n).array() * (dS.row(r).head(n).array() - D_i(r))).matrix();
+    dS.row(r).tail(cols - n).setZero();
+  }
   // LAB END
   //! [recompute dS]
 }
@@ -283,23 +314,32 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
       Tile S(f.S.data(), rows, cols), P(f.P.data(), rows, cols);  // [B_r, B_c]
       S.noalias() = scale * (Q_i * K_j.transpose());  // S_ij = scale·Q_i K_jᵀ
 
-      // LAB BEGIN: online softmax update of one tile — hint: per row m_new = max(m, rowmax S over the keys it sees); P = exp(S − m_new), 0 on masked keys; α = e^{m − m_new}; l = α·l + rowsum P; O_i row *= α; after the rows, O_i += P V_j
+      // LAB BEGIN: online softmax update of one tile — hint: per row m_new = max(m, rowmax S over the keys it sees); P = exp(S − m_new), 0 on masked keys and 0 while m_new = −inf (subtract 0 then); α = e^{m − m_new}; l = α·l + rowsum P; O_i row *= α; after the rows, O_i += P V_j (add_product_seen in a diagonal tile)
       // Only tiles that cross the diagonal are masked; those above it were never visited.
       const bool diagonal = crosses_diagonal(p, r0, c0, cols);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = diagonal ? keys_seen(p, r0 + r, c0, cols) : cols;  // row r sees keys [0, n)
-        const float m_new = n == 0 ? m_i(r) : std::max(m_i(r), S.row(r).head(n).maxCoeff());
-        // A row that has seen no key yet still has m = −∞: subtract 0 instead, so that
-        // α = e^{−∞} = 0 rather than e^{−∞ + ∞} = NaN.
+        // m_new = max(m_i, rowmax S); a NaN logit makes it NaN, and so the whole row.
+        const float tile_max = n == 0 ? -kInf : S.row(r).head(n).maxCoeff<Eigen::PropagateNaN>();
+        const float m_new = std::isnan(tile_max) ? tile_max : std::max(m_i(r), tile_max);
+        // A row that has seen no key yet, or only −∞ logits, still has m = −∞: subtract 0
+        // instead, so that α = e^{−∞} = 0 rather than e^{−∞ + ∞} = NaN; its P is 0 (written
+        // here: Eigen's exp gives about 3e−39 for −∞), so l stays 0 and the row ends O = 0.
         const float m_sub = m_new == -kInf ? 0.0f : m_new;
-        P.row(r).head(n) = (S.row(r).head(n).array() - m_sub).exp().matrix();  // P_ij = exp(S_ij − m_new)
+        if (m_new == -kInf)
+          P.row(r).head(n).setZero();
+        else
+          P.row(r).head(n) = (S.row(r).head(n).array() - m_sub).exp().matrix();  // P_ij = exp(S_ij − m_new)
         P.row(r).tail(cols - n).setZero();                                        // masked: P_ij = 0
         const float alpha = std::exp(m_i(r) - m_sub);  // e^{m_old − m_new}
         l_i(r) = alpha * l_i(r) + P.row(r).sum();      // l_i = α·l_i + rowsum P_ij
         O_i.row(r) *= alpha;                           // rescale what was summed so far
         m_i(r) = m_new;
       }
-      O_i.noalias() += P * V_j;  // O_i = α·O_i + P_ij V_j
+      if (diagonal)  // O_i = α·O_i + P_ij V_j, over the keys each row sees
+        add_product_seen(O_i, P, V_j, [&](int64_t r) { return keys_seen(p, r0 + r, c0, cols); });
+      else
+        O_i.noalias() += P * V_j;
       // LAB END
     }
     //! [forward tile loop]
@@ -404,9 +444,16 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
           const Column L_i(f.L.data(), rows), D_i(f.D.data(), rows);       // [B_r]
           Tile P(f.P.data(), rows, cols), dS(f.S.data(), rows, cols);      // [B_r, B_c]
           recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS);
-          // LAB BEGIN: accumulate dV_j and dK_j — hint: dV_j += P_ijᵀ dO_i; dK_j += dS_ijᵀ Q_i (the factor scale is applied once, at the store)
-          dV_j.noalias() += P.transpose() * dO_i;  // dV_j += P_ijᵀ dO_i
-          dK_j.noalias() += dS.transpose() * Q_i;  // dK_j += dS_ijᵀ Q_i
+          // LAB BEGIN: accumulate dV_j and dK_j — hint: dV_j += P_ijᵀ dO_i; dK_j += dS_ijᵀ Q_i, with add_transpose_product_seen in a partial_tile (the factor scale is applied once, at the store)
+          if (partial_tile(p, r0, c0, cols, L_i)) {  // a key's gradient comes only from the rows that see it
+            const bool diagonal = crosses_diagonal(p, r0, c0, cols);
+            const auto n = [&](int64_t r) { return keys_used(p, r0 + r, c0, cols, diagonal, L_i(r)); };
+            add_transpose_product_seen(dV_j, P, dO_i, n);
+            add_transpose_product_seen(dK_j, dS, Q_i, n);
+          } else {
+            dV_j.noalias() += P.transpose() * dO_i;  // dV_j += P_ijᵀ dO_i
+            dK_j.noalias() += dS.transpose() * Q_i;  // dK_j += dS_ijᵀ Q_i
+          }
           // LAB END
         }
       }
@@ -445,7 +492,12 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
         load(V_j.data(), V + p.kv_offset(b, hk, c0), cols * d, kV, counted);
         Tile P(f.P.data(), rows, cols), dS(f.S.data(), rows, cols);  // [B_r, B_c]
         recompute_P_dS(p, scale, r0, c0, Q_i, dO_i, L_i, D_i, K_j, V_j, P, dS);
-        dQ_i.noalias() += dS * K_j;  // dQ_i += dS_ij K_j
+        if (partial_tile(p, r0, c0, cols, L_i)) {
+          const bool diagonal = crosses_diagonal(p, r0, c0, cols);
+          add_product_seen(dQ_i, dS, K_j, [&](int64_t r) { return keys_used(p, r0 + r, c0, cols, diagonal, L_i(r)); });
+        } else {
+          dQ_i.noalias() += dS * K_j;  // dQ_i += dS_ij K_j
+        }
       }
       dQ_i *= scale;  // dQ_i = scale·Σ dS_ij K_j
       //! [backward dQ]

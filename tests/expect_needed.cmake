@@ -1,0 +1,11 @@
+# Checks that the shared library LIB lists NEEDED (a regular expression, e.g. libstdc\+\+)
+# among the DT_NEEDED entries of its dynamic section, read with READELF -d.
+execute_process(COMMAND ${READELF} -d ${LIB} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${READELF} -d ${LIB} failed (${rc}): ${err}")
+endif()
+string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${out}")
+if(NOT needed MATCHES "${NEEDED}")
+  message(FATAL_ERROR "${LIB} does not list ${NEEDED} as NEEDED; it needs: ${needed}")
+endif()
+message(STATUS "ok: ${LIB} needs ${NEEDED}")
