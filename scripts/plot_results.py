@@ -26,13 +26,11 @@ import sys
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib.lines import Line2D  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import results_data as rd  # noqa: E402
+import results_data as rd  # noqa: E402  (found through the path above)
 
 FIGURES = rd.RESULTS / "figures"
 BACKEND_STYLE = {"sdpa_flash": dict(color="black", ls="-", marker="s"),
@@ -48,9 +46,17 @@ def style():
                          "svg.fonttype": "none", "svg.hashsalt": "fa-results"})
 
 
+STAGE_MARKERS = ["o", "D", "v", "P", "X", "h"]  # shapes, so that stages on top of each other show
+
+
 def stage_colors(points):
     stages = sorted({p.series for p in points if p.is_stage})
     return {s: PALETTE[k % len(PALETTE)] for k, s in enumerate(stages)}
+
+
+def stage_markers(points):
+    stages = sorted({p.series for p in points if p.is_stage})
+    return {s: STAGE_MARKERS[k % len(STAGE_MARKERS)] for k, s in enumerate(stages)}
 
 
 def newest(points):
@@ -79,7 +85,7 @@ def speed_figure(points, dtype, ceilings):
     stage_pts = [p for p in mine if p.is_stage]
     rows = sorted({(p.direction, p.causal) for p in stage_pts}, key=lambda k: (k[0] == "bwd", k[1]))
     cols = sorted({p.d for p in stage_pts})
-    colors = stage_colors(points)
+    colors, markers = stage_colors(points), stage_markers(points)
     ratio_of = {id(p): r for p, r in rd.ratios(mine)}
     backends = newest([p for p in mine if p.what in rd.BACKENDS])
     ceiling_name = rd.CEILING_OF_DTYPE.get(dtype)
@@ -97,13 +103,13 @@ def speed_figure(points, dtype, ceilings):
             for what, ps in _series(stage_pts, lambda p: here(p) and p.is_variant).items():
                 ax.plot([p.N for p in ps], [p.tflops for p in ps], color=VARIANT_COLOR, lw=1, zorder=1)
             for what, ps in _series(stage_pts, lambda p: here(p) and not p.is_variant).items():
-                ax.plot([p.N for p in ps], [p.tflops for p in ps], color=colors[what], marker="o",
-                        ms=3.5, lw=1.6, zorder=3)
+                ax.plot([p.N for p in ps], [p.tflops for p in ps], color=colors[what], marker=markers[what],
+                        ms=4.5, mfc="none", lw=1.4, zorder=3)
                 for b in rd.BACKENDS:
                     pr = [(p.N, ratio_of[id(p)][b]) for p in ps if b in ratio_of[id(p)]]
                     if pr:
                         axr.plot(*zip(*pr), color=colors[what], ls=BACKEND_STYLE[b]["ls"],
-                                 marker="o", ms=2.5, lw=1.2)
+                                 marker=markers[what], ms=3.5, mfc="none", lw=1.2)
             for what, ps in _series(backends, here).items():
                 ax.plot([p.N for p in ps], [p.tflops for p in ps], lw=1.2, ms=3.5, zorder=2,
                         **BACKEND_STYLE[what])
@@ -129,13 +135,14 @@ def speed_figure(points, dtype, ceilings):
                 axr.set_xlabel("N (sequence length; batch·N = 16k tokens)")
             if not any(here(p) for p in stage_pts):
                 ax.clear()
+                axr.clear()
                 ax.axis("off")
                 axr.axis("off")
                 ax.text(0.5, 0.5, f"{'forward' if direction == 'fwd' else 'backward'}, d = {d}"
                         f"{', causal' if causal else ''}:\nno stage measured", transform=ax.transAxes,
                         ha="center", va="center", color="#888")
 
-    handles = [Line2D([], [], color=c, marker="o", ms=4, lw=1.6, label=s)
+    handles = [Line2D([], [], color=c, marker=markers[s], ms=5, mfc="none", lw=1.4, label=s)
                for s, c in colors.items() if any(p.series == s and not p.is_variant for p in stage_pts)]
     handles += [Line2D([], [], lw=1.2, ms=4, label=f"{rd.BACKENDS[b]} ({b})", **BACKEND_STYLE[b])
                 for b in rd.BACKENDS if any(p.what == b for p in backends)]
@@ -214,6 +221,7 @@ def main() -> int:
     if args.summary:
         print(rd.summary_markdown(stages), end="")
         return 0
+    matplotlib.use("Agg")  # files only; the notebook keeps its own backend
     style()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
