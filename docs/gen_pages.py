@@ -219,8 +219,8 @@ def check_figures(repo: Path, rd):
         m = DIGEST_RE.search(path.read_text(encoding="utf-8")[:4000])
         if not m or m.group(1) != digest:
             errors.append(f"{path} was drawn from other data than docs/results/{{"
-                          f"{', '.join(rd.STAGE_FILES + (rd.ANCHORS,))}}}: run scripts/plot_results.py "
-                          f"and commit the figures")
+                          f"{', '.join(rd.stage_files(repo / 'docs' / 'results') + [rd.ANCHORS])}}}: "
+                          f"run scripts/plot_results.py and commit the figures")
     return errors
 
 
@@ -317,8 +317,8 @@ def results_page(tables, repo: Path, rd) -> str:
         dtype = fig.stem.split("_", 1)[1]
         out += [f"\\image html {fig.name} \"H200, {dtype}: TFLOP/s and ratio to each backend\"", ""]
     out += ["## The H200 roofline", "",
-            "Every stage and backend of `h200_anchors.csv`, `h200_bench_gpu.csv` and "
-            "`h200_stage10.csv` at its compulsory-traffic intensity (each tensor read or written "
+            f"Every stage and backend of `{'`, `'.join([rd.ANCHORS] + rd.stage_files(results))}` "
+            "at its compulsory-traffic intensity (each tensor read or written "
             "once; see \\ref concept_performance), under the roofs of the measured ceilings. "
             "Filled markers are forward passes, hollow ones backward passes; diamonds are the "
             "project's stages, grey points their variants and earlier steps.", "",

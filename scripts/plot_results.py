@@ -15,8 +15,7 @@ Figures:
   roofline.svg       every stage and backend at its compulsory intensity, one legend entry
                      each, variants grey, the roofs from the anchors' ceilings.
 
-Run it after committing new rows to h200_bench_gpu.csv, h200_stage10.csv or
-h200_anchors.csv: docs/gen_pages.py refuses figures drawn from other data (each SVG carries
+Run it after changing h200_bench_gpu.csv, h200_stageNN.csv or h200_anchors.csv: docs/gen_pages.py refuses figures drawn from other data (each SVG carries
 a digest of its inputs). Needs matplotlib (notebooks/requirements.txt); notebook 4 imports
 the same functions.
 """
@@ -229,6 +228,9 @@ def main() -> int:
     figures = {f"speed_{t}": speed_figure(stages, t, ceilings)
                for t in sorted({p.dtype for p in stages if p.what in rd.BACKENDS})}
     figures["roofline"] = roofline_figure(all_points(), ceilings)
+    for p in rd.above_roof(all_points(), ceilings):
+        print(f"plot_results: {p.file}: {p.what} {p.direction} {p.dtype} d={p.d} N={p.N} at "
+              f"{p.tflops:g} TFLOP/s is above its roof: is a ceiling of {rd.ANCHORS} low?", file=sys.stderr)
     for name, fig in figures.items():
         save(fig, out / f"{name}.svg", digest)
         if args.png:

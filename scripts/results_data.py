@@ -6,11 +6,13 @@ need numpy or matplotlib. scripts/plot_results.py draws from it.
 Two CSV schemas are read:
   - scripts/bench_gpu.py's (Bench.COLUMNS): one row per (what, pass), `tflops`, `seq_q`,
     `head_dim`, `causal` 0/1, `device`, `commit`, `date`: h200_bench_gpu.csv (stages 07–09),
-    h200_stage10.csv (stage 10; `10_hopper_fwd[step=N]` are its earlier steps);
+    h200_stageNN.csv (one later stage each: h200_stage10.csv, where `10_hopper_fwd[step=N]`
+    are stage 10's earlier steps);
   - the anchors' (h200_anchors.csv): one row per what, `fwd_tflops` and `bwd_tflops`, `N`,
     `d`, `causal` True/False, and the ceilings `ceiling_*` (`tflops`, or `tbps` for the copy).
 
-A new stage appears in every figure and table by adding its rows to one of these files.
+A new stage appears in every figure and table by adding its rows to one of these files, or
+its own h200_stageNN.csv.
 """
 import csv
 import hashlib
@@ -18,8 +20,14 @@ import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
-STAGE_FILES = ("h200_bench_gpu.csv", "h200_stage10.csv")
 ANCHORS = "h200_anchors.csv"
+
+
+def stage_files(results: Path = RESULTS):
+    """The benchmark runs of the stages: the sweep of stages 07–09 and one file per later
+    stage (h200_stage10.csv, h200_stage11.csv, …); the variant studies are not among them."""
+    names = ["h200_bench_gpu.csv"] + sorted(p.name for p in results.glob("h200_stage[0-9][0-9].csv"))
+    return [n for n in names if (results / n).exists()]
 
 # What the stages are compared with, in the order they are drawn and tabulated.
 BACKENDS = {"sdpa_flash": "FlashAttention-2", "sdpa_cudnn": "cuDNN"}
@@ -74,11 +82,8 @@ def read_rows(path: Path):
 def stage_points(results: Path = RESULTS):
     """Every row of the stage files that is not a ceiling, as Points."""
     points = []
-    for name in STAGE_FILES:
-        path = results / name
-        if not path.exists():
-            continue
-        for r in read_rows(path):
+    for name in stage_files(results):
+        for r in read_rows(results / name):
             t = _num(r.get("tflops"))
             if r["what"].startswith("ceiling") or t is None or not r.get("pass"):
                 continue
@@ -186,7 +191,7 @@ def inputs_digest(results: Path = RESULTS):
     """A digest of the files the figures are drawn from: plot_results.py writes it into each
     SVG, and gen_pages.py refuses figures drawn from other data."""
     h = hashlib.sha256()
-    for name in STAGE_FILES + (ANCHORS,):
+    for name in stage_files(results) + [ANCHORS]:
         path = results / name
         h.update(name.encode())
         h.update(path.read_bytes() if path.exists() else b"")
@@ -205,3 +210,15 @@ def intensity(p: Point):
     if p.direction == "fwd":
         return flops / (4 * p.N * p.d * s + 4 * p.N)
     return 2.5 * flops / (8 * p.N * p.d * s + 8 * p.N)
+
+
+def above_roof(points, ceils):
+    """The points that beat their roof, min(GEMM ceiling, copy bandwidth × intensity): none
+    should, and one that does says a ceiling was measured low."""
+    bw = ceils.get("ceiling_copy")
+    out = []
+    for p in points:
+        peak = ceils.get(CEILING_OF_DTYPE.get(p.dtype))
+        if peak and bw and p.tflops > min(peak, bw * intensity(p)):
+            out.append(p)
+    return out
