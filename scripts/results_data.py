@@ -141,6 +141,12 @@ def ratios(points):
     return out
 
 
+def span(values, fmt):
+    """'0.93–1.15', or one value when all are equal."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
 def summary_rows(points):
     """One row per (stage, pass) without variants: the number of points, the TFLOP/s range,
     and the range of the ratio to each backend over the points that have one."""
@@ -156,10 +162,10 @@ def summary_rows(points):
                "head dims": "/".join(str(d) for d in sorted({p.d for p, _ in items})),
                "N": "…".join(str(n) for n in (min(p.N for p, _ in items), max(p.N for p, _ in items)))
                     if len({p.N for p, _ in items}) > 1 else str(items[0][0].N),
-               "TFLOP/s": f"{min(tf):.1f}–{max(tf):.1f}"}
+               "TFLOP/s": span(tf, "{:.1f}")}
         for b, name in BACKENDS.items():
             rs = [r[b] for _, r in items if b in r]
-            row[f"× {name}"] = f"{min(rs):.2f}–{max(rs):.2f}" if rs else "—"
+            row[f"× {name}"] = span(rs, "{:.2f}") if rs else "—"
         rows.append(row)
     return rows
 
