@@ -169,7 +169,7 @@ def roofline_figure(points, ceilings):
             ax.plot(xs, [min(peak, bw * x) for x in xs], color=color, lw=2)
             handles.append(Line2D([], [], color=color, lw=2, label=f"{rd.CEILING_LABEL[name]}: {peak:g} TFLOP/s"))
     if bw:
-        ax.annotate(f"copy {bw:g} TB/s", (0.3, bw * 0.3), xytext=(-12, 12), textcoords="offset points",
+        ax.annotate(f"copy {bw:g} TB/s", (0.3, bw * 0.3), xytext=(6, -16), textcoords="offset points",
                     rotation=30, color="#555", fontsize=8)
     series = sorted({p.series for p in points if not p.is_variant},
                     key=lambda s: (not rd.re.match(r"\d\d_", s), s))
