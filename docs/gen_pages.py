@@ -168,32 +168,6 @@ def stages_page(stages) -> str:
 # scripts/results_data.py, which this script imports (standard library only).
 DIGEST_RE = re.compile(r"inputs ([0-9a-f]{16})")
 
-# What each CSV measured, for the files that have no note (docs/results/NAME.md) of their own.
-ABOUT = {
-    "h200_stage10.csv": "Stage 10 (wgmma, TMA, warp specialisation) on the papers' forward sweep "
-                        "(batch·N = 16384, heads·d = 2048, d = 64, 128, 256, causal and not), fp16 "
-                        "and bf16, against `sdpa_flash` (FlashAttention-2) and `sdpa_cudnn` in the "
-                        "same run. `10_hopper_fwd` is the stage as built; `10_hopper_fwd[step=N]` "
-                        "are its earlier steps (the notes' steps table). Written by "
-                        "`scripts/bench_gpu.py --hopper` (`scripts/gpu_stage10.sh`).",
-    "h200_tune_variants.csv": "The variant and ablation sweep of stages 08 and 09 (`[tile=…]`, "
-                              "`[ablation=…]`, `[deterministic=1]`), bf16, against `sdpa_flash` in "
-                              "the same run: the data behind the stage notes' tried and ablation tables.",
-    "h200_stage09_schedules.csv": "Stage 09's backward at its two loop schedules (`[schedule=1]` is the "
-                                  "alternative), against `sdpa_flash` in the same run.",
-    "h200_stage09_layouts.csv": "Stage 09's backward with P held in registers or in shared memory "
-                                "(`[layout=…]`), each with the options of the variant sweep, against "
-                                "`sdpa_flash` in the same run.",
-    "h200_stage08_rescale.csv": "Stage 08's forward built twice, once rescaling every tile eagerly and "
-                                "once lazily (`[…, eager rescale]`, `[…, lazy rescale]`), for each "
-                                "place of the Q tile, against `sdpa_flash` in each build's run.",
-    "cpu_stage06.csv": "Stage 06 (the tiled CPU forward and backward) on the 2-core machine: GFLOP/s "
-                       "and peak memory, against an Eigen fp32 GEMM as that machine's ceiling "
-                       "(`eigen_sgemm_2048`) and stage 02 (`forward_02`); `inputs_only` is the "
-                       "memory of the inputs alone.",
-}
-
-
 def results_data(repo: Path):
     sys.path.insert(0, str(repo / "scripts"))
     import results_data as rd  # noqa: E402  (found through the path above)
@@ -348,11 +322,9 @@ def results_page(tables, repo: Path, rd) -> str:
         out += [f"### {path.name}", ""]
         note = path.with_suffix(".md")
         if note.exists():
-            # The file's own note (how and where it was measured), under this file's heading.
+            # The file's own note (what, how and where it measured), under this file's heading.
             text = note.read_text(encoding="utf-8")
             out += [re.sub(r"^(#+)", r"###\1", line) for line in text.splitlines()] + [""]
-        elif path.name in ABOUT:
-            out += [ABOUT[path.name], ""]
         if path.name in runs:
             out += [provenance(runs[path.name]), ""]
         if not rows:
