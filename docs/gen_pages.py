@@ -6,8 +6,10 @@
           include/stage_table.md  the stage map, one row per stages/NN_* folder (quoted
                                   into the main page and the stages page by \\includedoc)
           pages/stages.md         the page that holds every stage's notes as sub-pages
-          pages/results.md        every CSV under docs/results/, as tables
-          images/roofline.svg     the H200 roofline: measured ceilings and points
+          pages/results.md        the results page: summary, figures, GPU check, every CSV
+          images/*.svg            docs/results/figures/*.svg (scripts/plot_results.py draws
+                                  them; a figure drawn from other data than the committed
+                                  CSVs stops the build here)
           images/causal_tiles.svg which tiles causal masking computes, masks or skips
         A stage README.md whose first line is not "# Stage NN: Title {#stage_NN}" stops
         the build here, with a message that says so.
@@ -161,6 +163,17 @@ def stages_page(stages) -> str:
 
 
 # ----------------------------------------------------------------------------- results
+# The figures are drawn by scripts/plot_results.py (matplotlib) and committed as SVG under
+# docs/results/figures/; the summary table and the figures' data come from
+# scripts/results_data.py, which this script imports (standard library only).
+DIGEST_RE = re.compile(r"inputs ([0-9a-f]{16})")
+
+def results_data(repo: Path):
+    sys.path.insert(0, str(repo / "scripts"))
+    import results_data as rd  # noqa: E402  (found through the path above)
+    return rd
+
+
 def read_csvs(results: Path):
     tables = []
     for path in sorted(results.glob("*.csv")):
@@ -170,171 +183,19 @@ def read_csvs(results: Path):
     return tables
 
 
-def num(x):
-    try:
-        v = float(x)
-        return v if math.isfinite(v) else None
-    except (TypeError, ValueError):
-        return None
-
-
-def truthy(x) -> bool:
-    return str(x).strip().lower() in ("1", "true", "yes", "causal")
-
-
-def get(row, *names):
-    """The first non-empty value among several possible column names."""
-    for n in names:
-        for k, v in row.items():
-            if k and k.strip().lower() == n and v not in (None, ""):
-                return v
-    return None
-
-
-BYTES = {"bf16": 2, "f16": 2, "fp16": 2, "f32": 4, "fp32": 4}
-
-
-def points_from(path: Path, rows):
-    """Roofline points (label, arithmetic intensity, TFLOP/s) from one H200 CSV.
-
-    The x coordinate is the compulsory-traffic intensity: FLOPs by the papers' convention
-    over the bytes of reading Q, K, V and writing O and L once (forward), or reading Q, K,
-    V, O, dO, L and writing dQ, dK, dV once (backward). It depends only on N, d, the
-    element size and the mask, so it is computed, not measured; the y coordinate is the
-    measured TFLOP/s from the CSV.
-    """
-    pts = []
-    for r in rows:
-        what = get(r, "stage", "what", "name", "kernel")
-        if not what or what.startswith("ceiling"):
-            continue
-        N, d = num(get(r, "n", "seq", "seq_q")), num(get(r, "d", "head_dim"))
-        dtype = (get(r, "dtype") or "bf16").lower()
-        if N is None or d is None or dtype not in BYTES:
-            continue
-        causal = truthy(get(r, "causal") or "")
-        size = BYTES[dtype]
-        flops = 4 * N * N * d * (0.5 if causal else 1.0)
-        direction = (get(r, "pass", "direction", "kind") or "").lower()
-        candidates = []
-        if get(r, "fwd_tflops"):
-            candidates.append(("fwd", num(get(r, "fwd_tflops"))))
-        if get(r, "bwd_tflops"):
-            candidates.append(("bwd", num(get(r, "bwd_tflops"))))
-        if not candidates and get(r, "tflops"):
-            candidates.append(("bwd" if "b" in direction[:1] else "fwd", num(get(r, "tflops"))))
-        for dirn, tf in candidates:
-            if tf is None or tf <= 0:
-                continue
-            if dirn == "fwd":
-                nbytes = 4 * N * d * size + 4 * N
-                ai = flops / nbytes
-            else:
-                nbytes = 8 * N * d * size + 8 * N
-                ai = 2.5 * flops / nbytes
-            # Rows of the project's own stages (any H200 file but the anchors) are drawn as
-            # diamonds; the anchors as circles.
-            stage = path.name != "h200_anchors.csv" and re.match(r"\d\d_", what) is not None
-            series = f"{what} {dirn}" + (" (stage)" if stage else "")
-            pts.append((series, ai, tf, dtype, f"{path.name}: {what} {dtype} d={int(d)} "
-                        f"N={int(N)}{' causal' if causal else ''} {dirn} {tf:g} TFLOP/s"))
-    return pts
-
-
-def ceilings_from(tables):
-    ceil = {}
-    for path, rows in tables:
-        for r in rows:
-            what = get(r, "what") or ""
-            if what.startswith("ceiling"):
-                v = num(get(r, "tflops")) or num(get(r, "tbps"))
-                if v:
-                    ceil[what] = (v, path.name)
-    return ceil
-
-
-def marker(x, y, diamond, fill, stroke, title):
-    """A circle (anchors) or a larger diamond (the project's stages), with a hover title."""
-    t = f"<title>{html.escape(title)}</title>"
-    if diamond:
-        return (f'<path d="M{x:.1f},{y - 6:.1f} L{x + 6:.1f},{y:.1f} L{x:.1f},{y + 6:.1f} '
-                f'L{x - 6:.1f},{y:.1f} Z" fill="{fill}" stroke="{stroke}">{t}</path>')
-    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" stroke="{stroke}">{t}</circle>'
-
-
-def svg_roofline(tables) -> str:
-    """A log-log roofline drawn by hand (no plotting library)."""
-    ceil = ceilings_from(tables)
-    pts = []
-    for path, rows in tables:
-        if path.name.startswith("h200"):
-            pts += points_from(path, rows)
-    W, H, L_, R_, T_, B_ = 860, 520, 70, 250, 30, 60
-    x0, x1, y0, y1 = 0.1, 1e5, 1e-2, 2e3
-
-    def X(v):
-        return L_ + (math.log10(v) - math.log10(x0)) / (math.log10(x1) - math.log10(x0)) * (W - L_ - R_)
-
-    def Y(v):
-        return H - B_ - (math.log10(v) - math.log10(y0)) / (math.log10(y1) - math.log10(y0)) * (H - T_ - B_)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>']
-    for e in range(-1, 6):
-        x = X(10 ** e)
-        out.append(f'<line x1="{x:.1f}" y1="{T_}" x2="{x:.1f}" y2="{H - B_}" stroke="#ddd"/>')
-        out.append(f'<text x="{x:.1f}" y="{H - B_ + 16}" text-anchor="middle">1e{e}</text>')
-    for e in range(-2, 4):
-        y = Y(10 ** e)
-        out.append(f'<line x1="{L_}" y1="{y:.1f}" x2="{W - R_}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{L_ - 6}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
-    out.append(f'<rect x="{L_}" y="{T_}" width="{W - L_ - R_}" height="{H - T_ - B_}" '
-               f'fill="none" stroke="black"/>')
-    out.append(f'<text x="{(L_ + W - R_) / 2}" y="{H - 18}" text-anchor="middle">arithmetic '
-               f'intensity (FLOP per byte of compulsory HBM traffic)</text>')
-    out.append(f'<text transform="translate(18 {(T_ + H - B_) / 2}) rotate(-90)" '
-               f'text-anchor="middle">TFLOP/s</text>')
-    bw = ceil.get("ceiling_copy", (None,))[0]
-    legend = []
-    if bw:
-        for key, color, label in (("ceiling_bf16_gemm", "#c0392b", "bf16 GEMM"),
-                                  ("ceiling_fp32_gemm_noTF32", "#2c3e50", "fp32 GEMM (no TF32)")):
-            if key not in ceil:
-                continue
-            peak = ceil[key][0]
-            ridge = peak / bw
-            xa, xb = x0, min(x1, ridge)
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
-                       f'{X(xa):.1f},{Y(max(y0, bw * xa)):.1f} {X(xb):.1f},{Y(bw * xb):.1f} '
-                       f'{X(x1):.1f},{Y(peak):.1f}"/>')
-            out.append(f'<text x="{L_ + 8}" y="{Y(peak) - 6:.1f}" '
-                       f'fill="{color}">{label}: {peak:g} TFLOP/s, ridge {ridge:.1f} FLOP/B</text>')
-        out.append(f'<text x="{X(0.3):.1f}" y="{Y(bw * 0.3) - 8:.1f}" fill="#555" '
-                   f'transform="rotate(-33 {X(0.3):.1f} {Y(bw * 0.3) - 8:.1f})">copy '
-                   f'{bw:g} TB/s</text>')
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-               "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39"]
-    series = sorted({p[0] for p in pts})
-    for k, name in enumerate(series):
-        color = palette[k % len(palette)]
-        hollow = name.endswith("bwd")
-        for s, ai, tf, _, title in pts:
-            if s != name or not (x0 <= ai <= x1 and y0 <= tf <= y1):
-                continue
-            fill = "white" if hollow else color
-            out.append(marker(X(ai), Y(tf), name.endswith("(stage)"), fill, color, title))
-        legend.append((name, color, hollow))
-    for k, (name, color, hollow) in enumerate(legend):
-        y = T_ + 14 + 16 * k
-        out.append(marker(W - R_ + 16, y - 4, name.endswith("(stage)"),
-                          "white" if hollow else color, color, name))
-        out.append(f'<text x="{W - R_ + 26}" y="{y}">{html.escape(name)}</text>')
-    if not pts:
-        out.append(f'<text x="{(L_ + W - R_) / 2}" y="{T_ + 20}" text-anchor="middle">'
-                   f'no measured points yet (docs/results/h200_*.csv)</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+def check_figures(repo: Path, rd):
+    """Errors for figures that are missing or were drawn from other data than the CSVs."""
+    errors, digest = [], rd.inputs_digest(repo / "docs" / "results")
+    folder = repo / "docs" / "results" / "figures"
+    if not (folder / "roofline.svg").exists() or not list(folder.glob("speed_*.svg")):
+        errors.append(f"{folder} lacks roofline.svg or speed_*.svg: run scripts/plot_results.py")
+    for path in sorted(folder.glob("*.svg")):
+        m = DIGEST_RE.search(path.read_text(encoding="utf-8")[:4000])
+        if not m or m.group(1) != digest:
+            errors.append(f"{path} was drawn from other data than docs/results/{{"
+                          f"{', '.join(rd.stage_files(repo / 'docs' / 'results') + [rd.ANCHORS])}}}: "
+                          f"run scripts/plot_results.py and commit the figures")
+    return errors
 
 
 def svg_causal_tiles() -> str:
@@ -374,40 +235,103 @@ def svg_causal_tiles() -> str:
     return "\n".join(out) + "\n"
 
 
-def results_page(tables, results: Path) -> str:
+def folded(summary: str, body: list) -> list:
+    """Markdown lines shown only when the reader opens them (HTML <details>)."""
+    return (["\\htmlonly", f"<details><summary>{html.escape(summary)}</summary>", "\\endhtmlonly", ""]
+            + body + ["", "\\htmlonly", "</details>", "\\endhtmlonly", ""])
+
+
+def csv_table(rows, skip=()):
+    """A Markdown table of the columns that hold a value, without those in `skip`."""
+    cols = [c for c in rows[0].keys()
+            if c and c not in skip and any((r.get(c) or "") != "" for r in rows)]
+    out = ["| " + " | ".join(md_escape(c) for c in cols) + " |", "|" + "|".join(":--" for _ in cols) + "|"]
+    out += ["| " + " | ".join(md_escape(str(r.get(c) or "")) for c in cols) + " |" for r in rows]
+    return out
+
+
+def provenance(run) -> str:
+    """'Measured on NVIDIA H200, at commit `7c363570f339`, 2026-11-21; 318 rows.'"""
+    devices, commits, first, last, count = run
+    when = first[:10] if first[:10] == last[:10] else f"{first[:10]} to {last[:10]}"
+    return (f"Measured on {md_escape(', '.join(devices)) or 'an unnamed device'}, at commit "
+            f"{', '.join('`' + c + '`' for c in commits) or '(not recorded)'}, {when}; {count} rows.")
+
+
+def results_page(tables, repo: Path, rd) -> str:
+    results = repo / "docs" / "results"
+    ceil = rd.ceilings(results)
     out = ["# Measured results {#results}", "",
-           "Every CSV committed under `docs/results/`, as measured: nothing on this page is "
-           "typed in by hand. The H200 anchors (PyTorch's attention backends, the "
-           "educational fp32 kernel and the GEMM and copy ceilings) were measured in one run "
-           "on one H200; the stages' rows come from the project's benchmark script "
-           "(`scripts/`) on the GPU machine and from the CPU stages' own `--bench` runs. "
-           "Notebook 4 (`notebooks/04_performance.ipynb`) plots the same files.", "",
-           "## The H200 roofline", "",
-           "Ceilings: the measured bf16 and fp32 GEMM rates and the measured copy bandwidth. "
-           "Points: every H200 row with a sequence length, a head dim and a TFLOP/s figure, "
-           "placed at its compulsory-traffic intensity (each tensor read or written once; "
-           "see \\ref concept_performance). Filled markers are forward passes, hollow ones "
-           "backward passes.", "",
-           "\\image html roofline.svg \"H200 roofline: measured ceilings and measured points\"",
-           ""]
+           "Every number and figure on this page comes from the CSVs committed under "
+           "`docs/results/`: the figures are drawn from them by `scripts/plot_results.py`, the "
+           "tables are the files themselves. Notebook 4 (`notebooks/04_performance.ipynb`) "
+           "draws the same figures.", "",
+           "## Summary", "",
+           "Where each GPU stage stands on the H200: per stage and pass, over every measured point "
+           "(element type, head dim, N, causal or not), the range of its TFLOP/s and of its rate "
+           "over that of FlashAttention-2 (PyTorch's `sdpa_flash`) and of cuDNN (`sdpa_cudnn`), "
+           "each measured in the same run on the same inputs. Stage 07 (fp32) has neither to "
+           "compare with: its reference is PyTorch's fp32 math path, in `h200_bench_gpu.csv`. "
+           "Variants and earlier steps are left out here and drawn grey in the figures. TFLOP/s "
+           "follow the FlashAttention papers: forward \\f$4\\,b\\,h\\,N^2 d\\f$, halved when causal, "
+           "backward 2.5× the forward.", "",
+           rd.summary_markdown(rd.stage_points(results)), ""]
+    if ceil:
+        out += ["The ceilings, everywhere on this site, are those of `h200_anchors.csv`: "
+                + ", ".join(f"{rd.CEILING_LABEL.get(k, k)} {v:g} {'TB/s' if k == 'ceiling_copy' else 'TFLOP/s'}"
+                            for k, v in sorted(ceil.items())) + ".", ""]
+    out += ["## The stages against FlashAttention-2 and cuDNN", "",
+            "One figure per element type. Rows: forward and backward, without and with the causal "
+            "mask; columns: head dim; x: the sequence length N (batch·N = 16384 tokens, "
+            "heads·d = 2048). The upper part of each panel is the rate, with the GEMM ceiling "
+            "dotted; the lower part is each stage's rate over FlashAttention-2's (solid) and "
+            "cuDNN's (dashed) from the same run. Where two runs measured a backend, the newer "
+            "one is drawn.", ""]
+    for fig in sorted((results / "figures").glob("speed_*.svg")):
+        dtype = fig.stem.split("_", 1)[1]
+        out += [f"\\image html {fig.name} \"H200, {dtype}: TFLOP/s and ratio to each backend\"", ""]
+    out += ["## The H200 roofline", "",
+            f"Every stage and backend of `{'`, `'.join([rd.ANCHORS] + rd.stage_files(results))}` "
+            "at its compulsory-traffic intensity (each tensor read or written "
+            "once; see \\ref concept_performance), under the roofs of the measured ceilings. "
+            "Filled markers are forward passes, hollow ones backward passes; diamonds are the "
+            "project's stages, grey points their variants and earlier steps.", "",
+            "\\image html roofline.svg \"H200 roofline: measured ceilings and measured points\"", ""]
+    check = results / "h200_gpu_check_summary.txt"
+    if check.exists():
+        text = check.read_text(encoding="utf-8")
+        first = text.splitlines()[0].strip("= ") if text.strip() else ""
+        out += ["## The last GPU check", "",
+                "`scripts/gpu_check.sh` builds for sm_90, runs every test, the compute-sanitizer "
+                "tools over the GPU tests and the benchmark sweep, and writes a summary "
+                f"(`docs/results/{check.name}`; {md_escape(first)}):", ""]
+        # The steps and their results in view, the per-test and benchmark lines folded.
+        lines = text.replace("\\endverbatim", "\\ endverbatim").rstrip().splitlines()
+        cut = next((k for k, line in enumerate(lines) if k and line.startswith("--")), len(lines))
+        out += ["\\verbatim", *lines[:cut], "\\endverbatim", ""]
+        if cut < len(lines):
+            out += folded(f"the rest of the summary ({len(lines) - cut} lines)",
+                          ["\\verbatim", *lines[cut:], "\\endverbatim"])
+    out += ["## The files", "",
+            "Each file: what it measured, on what and when (from its `device`, `commit` and "
+            "`date` columns, where it has them), then its rows, folded.", ""]
+    runs = rd.runs(results)
     if not tables:
         out += ["No CSV under `docs/results/` yet.", ""]
-    for note in sorted(results.glob("*.md")):
-        # The notes that describe the files (how and where they were measured), one heading
-        # level down so that they sit under this page's title.
-        text = note.read_text(encoding="utf-8")
-        out += [re.sub(r"^(#+)", r"#\1", line) for line in text.splitlines()] + [""]
     for path, rows in tables:
-        out += [f"## {path.name}", ""]
+        out += [f"### {path.name}", ""]
+        note = path.with_suffix(".md")
+        if note.exists():
+            # The file's own note (what, how and where it measured), under this file's heading.
+            text = note.read_text(encoding="utf-8")
+            out += [re.sub(r"^(#+)", r"###\1", line) for line in text.splitlines()] + [""]
+        if path.name in runs:
+            out += [provenance(runs[path.name]), ""]
         if not rows:
             out += ["(empty)", ""]
             continue
-        cols = [c for c in rows[0].keys() if c and any((r.get(c) or "") != "" for r in rows)]
-        out.append("| " + " | ".join(md_escape(c) for c in cols) + " |")
-        out.append("|" + "|".join(":--" for _ in cols) + "|")
-        for r in rows:
-            out.append("| " + " | ".join(md_escape(str(r.get(c) or "")) for c in cols) + " |")
-        out += ["", f"{len(rows)} rows.", ""]
+        constant = [c for c in ("device", "commit", "date") if len({r.get(c) for r in rows}) == 1]
+        out += folded(f"{path.name}: {len(rows)} rows", csv_table(rows, skip=constant))
     return "\n".join(out)
 
 
@@ -426,11 +350,18 @@ def cmd_pages(args) -> int:
         for e in errors:
             print("docs: " + e, file=sys.stderr)
         return 1
+    rd = results_data(repo)
+    errors = check_figures(repo, rd)
+    if errors:
+        for e in errors:
+            print("docs: " + e, file=sys.stderr)
+        return 1
     tables = read_csvs(repo / "docs" / "results")
     write_if_changed(out / "include" / "stage_table.md", stage_table(stages, input_names(repo)))
     write_if_changed(out / "pages" / "stages.md", stages_page(stages))
-    write_if_changed(out / "pages" / "results.md", results_page(tables, repo / "docs" / "results"))
-    write_if_changed(out / "images" / "roofline.svg", svg_roofline(tables))
+    write_if_changed(out / "pages" / "results.md", results_page(tables, repo, rd))
+    for fig in sorted((repo / "docs" / "results" / "figures").glob("*.svg")):
+        write_if_changed(out / "images" / fig.name, fig.read_text(encoding="utf-8"))
     write_if_changed(out / "images" / "causal_tiles.svg", svg_causal_tiles())
     print(f"docs: {len(stages)} stage folders, {sum(1 for s in stages if s.label)} with notes, "
           f"{len(tables)} result files")
