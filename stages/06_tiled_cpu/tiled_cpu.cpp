@@ -204,8 +204,9 @@ Tiles tiles_for(const Problem& p, const Config& c) {
     refuse("block_k = " + std::to_string(c.block_k) + " is not allowed (B_c must be >= 1, or 0 to derive it from sram_bytes)");
   if (c.sram_bytes <= 0)
     refuse("sram_bytes = " + std::to_string(c.sram_bytes) + " is not allowed (the fast-memory budget must be > 0 bytes)");
-  if (c.threads < 1)
-    refuse("threads = " + std::to_string(c.threads) + " is not allowed (must be >= 1)");
+  if (c.threads < 1 || c.threads > kMaxThreads)
+    refuse("threads = " + std::to_string(c.threads) + " is not allowed (must be 1 to " +
+           std::to_string(kMaxThreads) + ")");
 
   //! [tile sizes]
   const int64_t d = p.head_dim;
