@@ -35,7 +35,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
@@ -468,8 +467,6 @@ void check_pointer(const char* name, const void* ptr, size_t alignment) {
                                          : "L is fp32");
 }
 
-std::atomic<int> g_ablation{0};
-std::atomic<int> g_tile_d128{0};
 
 }  // namespace
 
@@ -494,13 +491,6 @@ Ablation parse_ablation(const std::string& name) {
 const std::vector<std::string>& tile_d128_names() {
   static const std::vector<std::string> names{"auto", "q_regs", "q_smem", "q_smem_wide"};
   return names;
-}
-
-Options current_options() { return Options{Ablation(g_ablation.load()), TileD128(g_tile_d128.load())}; }
-
-void set_options(const Options& o) {
-  g_ablation = int(o.ablation);
-  g_tile_d128 = int(o.tile_d128);
 }
 
 const std::vector<int>& supported_head_dims() {

@@ -53,7 +53,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -903,11 +902,6 @@ void launch_all(const Problem& p, BwdParams& params, bool deterministic, cudaStr
   }
 }
 
-std::atomic<bool> g_deterministic{false};
-std::atomic<int> g_ablation{0};
-std::atomic<int> g_tile{0};
-std::atomic<int> g_schedule{0};
-std::atomic<int> g_layout{0};
 
 }  // namespace
 
@@ -946,24 +940,6 @@ const std::vector<std::string>& schedule_names() {
 const std::vector<std::string>& layout_names() {
   static const std::vector<std::string> names{"auto", "p_regs", "p_smem"};
   return names;
-}
-
-Options current_options() {
-  Options o;
-  o.deterministic = g_deterministic.load();
-  o.ablation = Ablation(g_ablation.load());
-  o.tile = Tile(g_tile.load());
-  o.schedule = Schedule(g_schedule.load());
-  o.layout = WarpLayout(g_layout.load());
-  return o;
-}
-
-void set_options(const Options& o) {
-  g_deterministic = o.deterministic;
-  g_ablation = int(o.ablation);
-  g_tile = int(o.tile);
-  g_schedule = int(o.schedule);
-  g_layout = int(o.layout);
 }
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
