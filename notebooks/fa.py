@@ -132,12 +132,13 @@ def backward_device(stage, p, dtype, q, k, v, o, l, do, dq, dk, dv, stream=0):
 
 
 def set_option(stage, name, value):
-    """Sets a stage-specific option (e.g. stage 06 "block_q"); 0 restores the default."""
+    """Sets a stage-specific option (e.g. stage 06 "block_q"); 0 restores the default.
+    Options are per thread: they apply to this thread's later calls only."""
     _check(library().fa_set_option(stage.encode(), name.encode(), int(value)))
 
 
 def get_counter(stage, name):
-    """Reads a stage-specific counter of the last run (e.g. stage 06 "reads")."""
+    """Reads a stage-specific counter of this thread's last run (e.g. stage 06 "reads")."""
     v = ctypes.c_int64(0)
     _check(library().fa_get_counter(stage.encode(), name.encode(), ctypes.byref(v)))
     return v.value

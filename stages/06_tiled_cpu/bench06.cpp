@@ -113,6 +113,20 @@ std::string first_line_of(const char* command) {
   return out;
 }
 
+// The vector instructions this program (and Eigen in it) was compiled to use: the widest of
+// the compiler's predefined macros (-march=native by default, SSE2 with FA_PORTABLE=ON).
+const char* compiled_isa() {
+#if defined(__AVX512F__) && defined(__FMA__)
+  return "AVX-512 + FMA";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "AVX2 + FMA";
+#elif defined(__AVX__)
+  return "AVX";
+#else
+  return "SSE2";
+#endif
+}
+
 std::string device_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model = "unknown CPU";
@@ -121,7 +135,8 @@ std::string device_name() {
       model = line.substr(line.find(':') + 2);
       break;
     }
-  return model + " (" + std::to_string(std::thread::hardware_concurrency()) + " cores)";
+  return model + " (" + std::to_string(std::thread::hardware_concurrency()) + " cores; code for " +
+         compiled_isa() + ")";
 }
 
 std::string csv_field(const std::string& s) {

@@ -79,21 +79,36 @@ void store(float* dst, const float* tile, int64_t count, Array a, Traffic* traff
 }
 
 // ---- Fast memory: one thread's tiles, allocated once at the largest tile size. ----
+// Every buffer starts at Eigen's widest alignment (64 bytes with AVX-512). Eigen runs a
+// vectorised sum from the first aligned element, so where a tile starts decides the order
+// of its additions: tiles that all start aligned add in the same order in every run and on
+// every worker, and the results stay bitwise the same for any thread count.
+using FastBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
+
+FastBuffer fast_buffer(int64_t elems, const char* what) {
+  try {
+    return FastBuffer(size_t(elems));
+  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
+    throw std::runtime_error(std::string(kStage) + ": " + what + ": cannot allocate " + std::to_string(elems) +
+                             " floats of fast memory");
+  }
+}
+
 struct FastMemory {
-  std::vector<float> Q, O, dO, dQ;  // [B_r, d]
-  std::vector<float> K, V, dK, dV;  // [B_c, d]
-  std::vector<float> S, P;          // [B_r, B_c] (the backward keeps dP, then dS, in S)
-  std::vector<float> m, l, L, D;    // [B_r]
+  FastBuffer Q, O, dO, dQ;  // [B_r, d]
+  FastBuffer K, V, dK, dV;  // [B_c, d]
+  FastBuffer S, P;          // [B_r, B_c] (the backward keeps dP, then dS, in S)
+  FastBuffer m, l, L, D;    // [B_r]
 
   FastMemory(const Problem& p, const Tiles& t) {
     // A tile never has more rows than its sequence (at least 1, so that nothing is empty).
     const int64_t d = p.head_dim;
     const int64_t rows = std::clamp<int64_t>(p.seq_q, 1, t.B_r);
     const int64_t cols = std::clamp<int64_t>(p.seq_k, 1, t.B_c);
-    for (auto* x : {&Q, &O, &dO, &dQ}) *x = allocate(rows * d, std::string(kStage) + ": tile [B_r, d]");
-    for (auto* x : {&K, &V, &dK, &dV}) *x = allocate(cols * d, std::string(kStage) + ": tile [B_c, d]");
-    for (auto* x : {&S, &P}) *x = allocate(rows * cols, std::string(kStage) + ": tile [B_r, B_c]");
-    for (auto* x : {&m, &l, &L, &D}) *x = allocate(rows, std::string(kStage) + ": row statistics");
+    for (auto* x : {&Q, &O, &dO, &dQ}) *x = fast_buffer(rows * d, "tile [B_r, d]");
+    for (auto* x : {&K, &V, &dK, &dV}) *x = fast_buffer(cols * d, "tile [B_c, d]");
+    for (auto* x : {&S, &P}) *x = fast_buffer(rows * cols, "tile [B_r, B_c]");
+    for (auto* x : {&m, &l, &L, &D}) *x = fast_buffer(rows, "row statistics");
   }
 };
 
