@@ -6,9 +6,10 @@
 //   dQ = scale·dS K,  dK = scale·dSᵀ Q.
 #include "reference.h"
 
-#include <Eigen/Core>
 #include <cmath>
 #include <limits>
+
+#include "eigen.h"
 
 namespace fa {
 

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <Eigen/Core>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -28,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "eigen.h"
 #include "tensors.h"
 #include "tiled_cpu.h"
 #include "timing.h"

@@ -35,7 +35,6 @@
 //      ./build/stages/06_tiled_cpu/stage06 --causal --block-q 32 --block-k 48 --threads 2
 #include "tiled_cpu.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -47,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "eigen.h"
 #include "tensors.h"
 
 namespace fa::stage06 {
