@@ -40,6 +40,7 @@
 #include <stdexcept>
 
 #include "cuda_utils.h"
+#include "dispatch.cuh"
 #include "masking.cuh"
 #include "mma.cuh"
 #include "smem_tiles.cuh"
@@ -373,12 +374,6 @@ std::vector<std::pair<std::string, std::string>> describe(const Problem& p) {
 template <class Elem, int kHeadDim>
 constexpr bool kHasAblations = std::is_same_v<Elem, __nv_bfloat16> && (kHeadDim == 64 || kHeadDim == 128);
 
-/// A type passed as a value, so a generic lambda can receive a Traits type.
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
 /// Calls fn(TypeTag<Traits>{}) for the variant `o` selects at head dim kHeadDim.
 template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, bool causal, Fn&& fn) {
@@ -434,14 +429,6 @@ void with_head_dim(const Problem& p, const Options& o, Fn&& fn) {
     default: break;
   }
   throw std::logic_error("unreachable: head_dim checked before dispatch");
-}
-
-template <class Fn>
-void with_dtype(Dtype t, Fn&& fn) {
-  if (t == Dtype::BF16)
-    fn(__nv_bfloat16{});
-  else
-    fn(__half{});
 }
 
 /// Every refusal happens here, before anything is launched or written.
