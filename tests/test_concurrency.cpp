@@ -93,7 +93,7 @@ TEST_CASE("threads that set different stage 06 options each get their own result
   // Alone, one after the other, on this thread.
   std::vector<Run> alone;
   for (const Settings& s : settings) alone.push_back(run_06(in, s, 1));
-  for (const Run& r : alone) REQUIRE(r.error.empty());
+  for (const Run& r : alone) REQUIRE_MESSAGE(r.error.empty(), r.error);
   // Different tilings count different traffic, so a thread that ran with another's tiles
   // or read another's counters would be seen.
   for (size_t i = 1; i < alone.size(); ++i) CHECK(alone[i].reads != alone[0].reads);
@@ -103,6 +103,7 @@ TEST_CASE("threads that set different stage 06 options each get their own result
   std::vector<Run> together(settings.size());
   std::vector<float> O5(in.Q.size()), L5(alone[0].L.size());
   int rc5 = 0;
+  std::string error5;
   int64_t default_block_q = -1, default_threads = -1;
   int rc_defaults = 0;
   {
@@ -112,6 +113,7 @@ TEST_CASE("threads that set different stage 06 options each get their own result
     threads.emplace_back([&] {
       for (int i = 0; i < 3 && rc5 == 0; ++i)
         rc5 = fa_forward("05", &in.p, in.Q.data(), in.K.data(), in.V.data(), O5.data(), L5.data());
+      if (rc5 != 0) error5 = failed("fa_forward on stage 05");
     });
     threads.emplace_back([&] {
       rc_defaults = fa_get_counter(kStage06, "block_q", &default_block_q) |
@@ -122,14 +124,14 @@ TEST_CASE("threads that set different stage 06 options each get their own result
   for (size_t i = 0; i < settings.size(); ++i) {
     INFO("settings " << i << ": block_q " << settings[i].block_q << ", block_k " << settings[i].block_k
                      << ", threads " << settings[i].threads);
-    REQUIRE(together[i].error.empty());
+    REQUIRE_MESSAGE(together[i].error.empty(), together[i].error);
     CHECK(together[i].O == alone[i].O);
     CHECK(together[i].L == alone[i].L);
     CHECK(together[i].reads == alone[i].reads);
     CHECK(together[i].writes == alone[i].writes);
     CHECK(together[i].reads_K == alone[i].reads_K);
   }
-  CHECK(rc5 == 0);
+  CHECK_MESSAGE(rc5 == 0, error5);
   // A thread that set nothing sees the defaults, whatever the others set.
   CHECK(rc_defaults == 0);
   CHECK(default_block_q == 0);
