@@ -179,6 +179,13 @@ int64_t OptionTable::read(std::string_view name) const {
                               (list.empty() ? "none" : list) + ")");
 }
 
+std::string OptionTable::describe() const {
+  std::string text;
+  for (const Option& o : options_)
+    text += o.name + "\t" + std::to_string(o.default_value) + "\t" + o.allowed() + "\t" + o.help + "\n";
+  return text;
+}
+
 void OptionTable::add_to(CLI::App& app) const {
   for (const Option& o : options_) {
     const std::string name = o.name;
@@ -204,7 +211,7 @@ void OptionTable::add_to(CLI::App& app) const {
            },
            help)
         ->check(CLI::Validator(
-            [this, opt](std::string& word) -> std::string {
+            [opt](std::string& word) -> std::string {
               int64_t v = 0;
               if (parse_word(*opt, word, v)) return {};
               return opt->name + " = " + word + " is not allowed (allowed: " + opt->allowed() + ")";

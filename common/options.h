@@ -97,6 +97,10 @@ class OptionTable {
   /// An option's current value, or a counter's reading (fa_get_counter).
   int64_t read(std::string_view name) const;
 
+  /// One line per option, "name<TAB>default<TAB>allowed<TAB>help" (allowed as in
+  /// Option::allowed), for tools that list or label the options (fa_stage_options).
+  std::string describe() const;
+
   /// Adds one command-line flag per option to `app` (value names, range and default in
   /// the help); a value the option does not allow is a parse error naming it.
   void add_to(CLI::App& app) const;
