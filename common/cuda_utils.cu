@@ -62,10 +62,15 @@ void require_device_pointer(const std::string& stage, const char* name, const vo
   }
 }
 
-void require_gpu(const std::string& who) {
+bool have_gpu() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!ok) cudaGetLastError();  // clear the "no device" error, so later calls do not see it
+  return ok;
+}
+
+void require_gpu(const std::string& who) {
+  if (!have_gpu()) {
     throw NoCudaDevice((who.empty() ? "" : who + ": ") + "no CUDA device is available on this machine");
   }
 }

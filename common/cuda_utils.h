@@ -79,6 +79,9 @@ std::vector<std::pair<std::string, std::string>> describe_launch(const void* ker
 void require_device_pointer(const std::string& stage, const char* name, const void* ptr,
                             size_t alignment, const std::string& why);
 
+/// True when a CUDA device is present and usable (the failed query's error is cleared).
+bool have_gpu();
+
 /// Throws NoCudaDevice("<who>: no CUDA device ...") when no GPU is usable (no prefix when
 /// `who` is empty).
 void require_gpu(const std::string& who);

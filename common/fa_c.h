@@ -61,10 +61,20 @@ int fa_backward_dtype(const char* stage, const fa_problem* p, fa_dtype dtype, co
                       const float* dO, float* dQ, float* dK, float* dV);
 
 /* Stage-specific settings by name (e.g. stage 06: "block_q", "block_k", "sram_bytes",
-   "threads", "count_traffic"); value 0 restores the default. */
+   "threads", "count_traffic"); value 0 restores the default. A value the option does not
+   allow is refused (FA_ERR_INVALID) with a message naming the allowed values. Options are
+   per calling thread: they apply to that thread's later calls, and a thread that never set
+   one runs with its default, so threads may run stages with different options at once. */
 int fa_set_option(const char* stage, const char* name, int64_t value);
-/* Stage-specific counters by name (e.g. stage 06: "reads", "writes" of the last run). */
+/* Stage-specific counters by name (e.g. stage 06: "reads", "writes" of the calling thread's
+   last run), or an option's current value on the calling thread. */
 int fa_get_counter(const char* stage, const char* name, int64_t* value);
+/* The stage's options, one per line: "name<TAB>default<TAB>allowed values<TAB>help", e.g.
+   "threads\t1\t1 to 1024, or 0 for the default (1)\tworker threads ..." or
+   "ablation\t0\t0 none, 1 no_pipeline, 2 no_swizzle\t...". "" for a stage without
+   options; NULL for an unknown stage (message from fa_last_error). The text stays valid
+   until the calling thread calls this function again. */
+const char* fa_stage_options(const char* stage);
 
 #ifdef __cplusplus
 }

@@ -6,11 +6,12 @@
 //   dQ = scale·dS K,  dK = scale·dSᵀ Q.
 #include "reference.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "eigen.h"
 
 namespace fa {
 

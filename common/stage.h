@@ -20,6 +20,8 @@ class App;
 
 namespace fa {
 
+class OptionTable;
+
 /// Forward on host fp32 buffers. GPU stages copy to the device, convert to `dtype`,
 /// run, and copy O back (rounded through `dtype`) and L (fp32).
 using ForwardFn = std::function<void(const Problem&, Dtype, const float* Q, const float* K,
@@ -57,6 +59,10 @@ struct StageInfo {
   BackwardDeviceFn backward_device;   ///< GPU stages with a backward only
   BenchFn bench_forward, bench_backward;  ///< GPU stages only
 
+  /// The stage's options and counters (options.h), when it declares them in a table; the
+  /// table's attach() then fills add_options, set_option and get_counter below. A stage
+  /// without a table may still set those three by hand.
+  const OptionTable* options = nullptr;
   /// Stage-specific command-line options (e.g. tile sizes); may be empty.
   std::function<void(CLI::App&)> add_options;
   /// Stage-specific rows printed after a run; may be empty.

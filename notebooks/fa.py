@@ -55,6 +55,8 @@ def library(path=None):
     lib.fa_backward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 10
     lib.fa_set_option.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
     lib.fa_get_counter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
+    lib.fa_stage_options.restype = ctypes.c_char_p
+    lib.fa_stage_options.argtypes = [ctypes.c_char_p]
     _lib = lib
     return lib
 
@@ -132,15 +134,29 @@ def backward_device(stage, p, dtype, q, k, v, o, l, do, dq, dk, dv, stream=0):
 
 
 def set_option(stage, name, value):
-    """Sets a stage-specific option (e.g. stage 06 "block_q"); 0 restores the default."""
+    """Sets a stage-specific option (e.g. stage 06 "block_q"); 0 restores the default.
+    Options are per thread: they apply to this thread's later calls only."""
     _check(library().fa_set_option(stage.encode(), name.encode(), int(value)))
 
 
 def get_counter(stage, name):
-    """Reads a stage-specific counter of the last run (e.g. stage 06 "reads")."""
+    """Reads a stage-specific counter of this thread's last run (e.g. stage 06 "reads")."""
     v = ctypes.c_int64(0)
     _check(library().fa_get_counter(stage.encode(), name.encode(), ctypes.byref(v)))
     return v.value
+
+
+def options(stage):
+    """The stage's options from its option table: {name: (default, allowed, help)}, e.g.
+    options("06")["threads"] == (1, "1 to 1024, or 0 for the default (1)", "worker threads ...")."""
+    text = library().fa_stage_options(stage.encode())
+    if text is None:
+        raise FaError(library().fa_last_error().decode())
+    table = {}
+    for line in text.decode().splitlines():
+        name, default, allowed, help_text = line.split("\t")
+        table[name] = (int(default), allowed, help_text)
+    return table
 
 
 def attention_numpy(Q, K, V, causal=False, scale=0.0):

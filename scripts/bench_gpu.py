@@ -73,6 +73,9 @@ class Fa:
         lib.fa_forward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 6
         lib.fa_backward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 10
         lib.fa_set_option.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
+        if hasattr(lib, "fa_stage_options"):  # a library older than the option tables lacks it
+            lib.fa_stage_options.restype = ctypes.c_char_p
+            lib.fa_stage_options.argtypes = [ctypes.c_char_p]
         self.lib = lib
 
     def stages(self):
@@ -85,6 +88,14 @@ class Fa:
     def _check(self, rc, what):
         if rc != 0:
             raise RuntimeError(f"{what}: {self.lib.fa_last_error().decode()}")
+
+    def options(self, stage):
+        """The stage's option table as lines "name (allowed; default d)", [] without one."""
+        if not hasattr(self.lib, "fa_stage_options"):
+            return []
+        text = self.lib.fa_stage_options(stage.encode()) or b""
+        rows = [line.split("\t") for line in text.decode().splitlines()]
+        return [f"{name} ({allowed}; default {default})" for name, default, allowed, _ in rows]
 
     def set_option(self, stage, name, value):
         """True when the stage has the option (0 restores its default)."""
@@ -600,6 +611,9 @@ def main():
     chosen = [s for s in gpu_stages if any(s.startswith(p) for p in wanted)]
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; commit {args.commit}")
     print(f"GPU stages in {args.lib}: {', '.join(gpu_stages) or 'none'}; timing: {', '.join(chosen) or 'none'}")
+    for stage in chosen:  # what each variant "[name=value]" below means
+        for line in fa.options(stage):
+            print(f"  {stage} option {line}")
 
     def stop(signum, frame):  # a time limit (SIGTERM): keep the rows so far, print the summary
         raise KeyboardInterrupt(f"signal {signum}")

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "errors.h"
+#include "options.h"
 #include "stage_list.h"
 
 namespace {
@@ -239,6 +240,18 @@ int fa_get_counter(const char* stage, const char* name, int64_t* value) {
     require(bool(s.get_counter), s.name + ": has no counters");
     *value = s.get_counter(name);
   });
+}
+
+const char* fa_stage_options(const char* stage) {
+  thread_local std::string text;
+  const char* out = nullptr;
+  guarded([&] {
+    require(stage != nullptr, "stage name is NULL");
+    const auto& s = fa::find_stage(stage);
+    text = s.options != nullptr ? s.options->describe() : std::string();
+    out = text.c_str();
+  });
+  return out;
 }
 
 }  // extern "C"

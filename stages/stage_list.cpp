@@ -24,7 +24,7 @@
 #define FA_HAS_06 1
 #endif
 #ifdef FA_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "cuda_utils.h"
 #if __has_include("smem_cuda.h")
 #include "smem_cuda.h"
 #define FA_HAS_07 1
@@ -87,8 +87,7 @@ const StageInfo& find_stage(const std::string& name) {
 
 bool gpu_available() {
 #ifdef FA_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return have_gpu();
 #else
   return false;
 #endif

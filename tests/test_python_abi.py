@@ -85,5 +85,25 @@ for dtype in (-1, 3):
     msg = lib.fa_last_error()
     check(rc == 1 and f"dtype = {dtype}".encode() in msg, f"dtype {dtype} refused: code {rc}, '{msg.decode()}'")
 
+# Options from the stage's option table: listed, set per thread, 0 restores the default.
+opts = fa.options("06")
+check(list(opts) == ["block_q", "block_k", "sram_bytes", "threads", "count_traffic"]
+      and opts["threads"][:2] == (1, "1 to 1024, or 0 for the default (1)"), f"stage 06 options listed: {opts}")
+check(fa.options("05") == {}, "a stage without options lists none")
+try:
+    fa.options("99")
+    check(False, "options of an unknown stage refused")
+except fa.FaError as e:
+    check("is not a stage" in str(e), f"options of an unknown stage refused: {e}")
+fa.set_option("06", "threads", 2)
+check(fa.get_counter("06", "threads") == 2, "threads set to 2")
+fa.set_option("06", "threads", 0)
+check(fa.get_counter("06", "threads") == 1, "threads 0 restores the default, 1")
+try:
+    fa.set_option("06", "threads", 1 << 30)
+    check(False, "threads = 2^30 refused")
+except fa.FaError as e:
+    check("threads = 1073741824 is not allowed" in str(e), f"threads = 2^30 refused: {e}")
+
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -31,7 +31,7 @@ using fa::stage06::Traffic;
 const fa::StageInfo& stage() { return fa::find_stage("06"); }
 
 
-// Sets the stage-wide options through the C ABI's path (StageInfo::set_option) and puts the
+// Sets this thread's options through the C ABI's path (StageInfo::set_option) and puts the
 // defaults back when the test ends, so tests do not leak settings into each other.
 struct StageOptions {
   explicit StageOptions(std::initializer_list<std::pair<const char*, int64_t>> options) {
@@ -386,10 +386,34 @@ TEST_CASE("stage 06: bad settings are refused with the value and the stage") {
   CHECK(std::isnan(t.O[0]));
   CHECK_THROWS_AS(fa::stage06::forward(p, Config{}, nullptr, t.K.data(), t.V.data(), t.O.data(), t.L.data()),
                   std::invalid_argument);
+  c = Config{};
+  c.threads = fa::stage06::kMaxThreads + 1;
+  CHECK(message(c).find("threads = 1025 is not allowed (must be 1 to 1024)") != std::string::npos);
   // Through the C ABI's option setter: unknown names and bad values, and nothing changes.
-  CHECK_THROWS_AS(stage().set_option("no_such_option", 1), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("threads", 0), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("sram_bytes", -4), std::invalid_argument);
+  const auto refusal = [](const char* name, int64_t value) {
+    try {
+      stage().set_option(name, value);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(refusal("no_such_option", 1).find("06_tiled_cpu: no option 'no_such_option' (options: block_q") !=
+        std::string::npos);
+  CHECK(refusal("sram_bytes", -4) ==
+        "06_tiled_cpu: sram_bytes = -4 is not allowed (allowed: 1 to 1099511627776, or 0 for the default (262144))");
+  CHECK(refusal("threads", 1025) ==
+        "06_tiled_cpu: threads = 1025 is not allowed (allowed: 1 to 1024, or 0 for the default (1))");
+  CHECK(refusal("count_traffic", 2) == "06_tiled_cpu: count_traffic = 2 is not allowed (allowed: 0 or 1)");
   const auto rows = stage().report(p, fa::Dtype::F32);
   CHECK(rows.at(1).second == "1");  // threads still at the default
+  // Value 0 restores the default (fa_c.h), for the options whose default is not 0 too.
+  {
+    const StageOptions options{{"threads", 3}, {"sram_bytes", 4096}};
+    CHECK(stage().get_counter("threads") == 3);
+    stage().set_option("threads", 0);
+    stage().set_option("sram_bytes", 0);
+    CHECK(stage().get_counter("threads") == Config{}.threads);
+    CHECK(stage().get_counter("sram_bytes") == Config{}.sram_bytes);
+  }
 }

@@ -1,27 +1,74 @@
-// How stage 06 presents itself to the driver, the tour, the tests and the C ABI: one
-// stage-wide Config (tile sizes, budget, threads), the traffic switch, and the report rows.
-#include <CLI/CLI.hpp>
+// How stage 06 presents itself to the driver, the tour, the tests and the C ABI: its options
+// (the Config fields and the traffic switch, per calling thread), its traffic counters (the
+// calling thread's last run), and the report rows.
+#include <functional>
 #include <stdexcept>
 
+#include "options.h"
 #include "tiled_cpu.h"
 
 namespace fa::stage06 {
 
 namespace {
 
-// What the command line (or fa_set_option) chose, and what the last run counted.
-struct Settings {
-  Config config;
-  bool count_traffic = false;
-  Traffic forward, backward;  ///< the last forward's and backward's counts
+constexpr const char* kStage = "06_tiled_cpu";
+
+// What the calling thread's last forward and backward counted (with count_traffic on).
+struct LastRuns {
+  Traffic forward, backward;
   bool forward_counted = false, backward_counted = false;
   const Traffic* last = nullptr;  ///< whichever of the two ran last
 };
+thread_local LastRuns t_runs;
 
-Settings& settings() {
-  static Settings s;
-  return s;
+int64_t count_of(const std::function<int64_t(const Traffic&)>& field) {
+  if (t_runs.last == nullptr)
+    throw std::invalid_argument(std::string(kStage) + ": no traffic has been counted yet on this thread (set "
+                                "option count_traffic to 1, then run forward or backward)");
+  return field(*t_runs.last);
 }
+
+std::vector<Counter> traffic_counters() {
+  std::vector<Counter> c{
+      {"reads", "elements read from the large arrays by the last run", [] { return count_of(&Traffic::reads); }},
+      {"writes", "elements written to them", [] { return count_of(&Traffic::writes); }}};
+  for (int a = 0; a < kArrayCount; ++a) {
+    c.push_back({std::string("reads_") + array_name(a), std::string("elements of ") + array_name(a) + " read",
+                 [a] { return count_of([a](const Traffic& t) { return t.read[size_t(a)]; }); }});
+    c.push_back({std::string("writes_") + array_name(a), std::string("elements of ") + array_name(a) + " written",
+                 [a] { return count_of([a](const Traffic& t) { return t.written[size_t(a)]; }); }});
+  }
+  return c;
+}
+
+// Every Config field and the traffic switch, each with its flag and C ABI name.
+const OptionTable& options() {
+  static const OptionTable table{
+      kStage,
+      {Option::range("block_q", 1, 1 << 30, 0, "B_r, query rows per tile (0: min(ceil(M/4d), d))"),
+       Option::range("block_k", 1, 1 << 30, 0, "B_c, key rows per tile (0: ceil(M/4d))"),
+       Option::range("sram_bytes", 1, int64_t(1) << 40, Config{}.sram_bytes,
+                     "fast-memory budget in bytes (M = bytes/4 floats)"),
+       Option::range("threads", 1, kMaxThreads, Config{}.threads,
+                     "worker threads (results are the same for any count)"),
+       Option::flag_option("count_traffic",
+                           "count elements read from and written to Q, K, V, O, L, dO, D, dQ, dK, dV")},
+      traffic_counters()};
+  return table;
+}
+
+// The calling thread's Config, read at the start of each call.
+Config current_config() {
+  const OptionTable& o = options();
+  Config c;
+  c.block_q = int(o.get("block_q"));
+  c.block_k = int(o.get("block_k"));
+  c.sram_bytes = o.get("sram_bytes");
+  c.threads = int(o.get("threads"));
+  return c;
+}
+
+bool counting() { return options().get("count_traffic") != 0; }
 
 std::string tiles_row(const Problem& p, const Config& c) {
   const Tiles t = tiles_for(p, c);
@@ -37,107 +84,51 @@ std::string compare_row(const Traffic& counted, const Traffic& predicted) {
          (counted == predicted ? "  (counted == closed form)" : "  (MISMATCH with the count)");
 }
 
-int64_t counter(const std::string& name) {
-  const Settings& s = settings();
-  if (s.last == nullptr)
-    throw std::invalid_argument("06_tiled_cpu: no traffic has been counted yet (set option "
-                                "count_traffic to 1, then run forward or backward)");
-  if (name == "reads") return s.last->reads();
-  if (name == "writes") return s.last->writes();
-  for (int a = 0; a < kArrayCount; ++a) {
-    if (name == std::string("reads_") + array_name(a)) return s.last->read[size_t(a)];
-    if (name == std::string("writes_") + array_name(a)) return s.last->written[size_t(a)];
-  }
-  throw std::invalid_argument("06_tiled_cpu: counter '" + name +
-                              "' is not one of reads, writes, reads_<array>, writes_<array> "
-                              "(arrays: Q K V O L dO D dQ dK dV)");
-}
-
-void set(const std::string& name, int64_t value) {
-  Config& c = settings().config;
-  const auto as_int = [&](int64_t v) {
-    if (v < 0 || v > (int64_t(1) << 30))
-      throw std::invalid_argument("06_tiled_cpu: " + name + " = " + std::to_string(v) +
-                                  " is not allowed (must be between 0 and 2^30)");
-    return int(v);
-  };
-  Config next = c;
-  if (name == "block_q") next.block_q = as_int(value);
-  else if (name == "block_k") next.block_k = as_int(value);
-  else if (name == "sram_bytes") next.sram_bytes = value;
-  else if (name == "threads") next.threads = as_int(value);
-  else if (name == "count_traffic") {
-    settings().count_traffic = value != 0;
-    return;
-  } else
-    throw std::invalid_argument("06_tiled_cpu: option '" + name +
-                                "' is not one of block_q, block_k, sram_bytes, threads, count_traffic");
-  Problem any;
-  tiles_for(any, next);  // refuses a bad value now, with its name, rather than at the next run
-  c = next;
-}
-
 }  // namespace
 
 StageInfo info() {
   StageInfo s;
-  s.name = "06_tiled_cpu";
+  s.name = kStage;
   s.idea = "FlashAttention-2 tiles (B_r x B_c sized to a fast-memory budget), forward and backward; counts memory traffic";
   s.forward = [](const Problem& p, Dtype, const float* Q, const float* K, const float* V,
                  float* O, float* L) {
-    Settings& st = settings();
+    const bool count = counting();
     Traffic counted;
-    forward(p, st.config, Q, K, V, O, L, st.count_traffic ? &counted : nullptr);
-    if (st.count_traffic) {
-      st.forward = counted;
-      st.forward_counted = true;
-      st.last = &st.forward;
+    forward(p, current_config(), Q, K, V, O, L, count ? &counted : nullptr);
+    if (count) {
+      t_runs.forward = counted;
+      t_runs.forward_counted = true;
+      t_runs.last = &t_runs.forward;
     }
   };
   s.backward = [](const Problem& p, Dtype, const float* Q, const float* K, const float* V,
                   const float* O, const float* L, const float* dO, float* dQ, float* dK, float* dV) {
-    Settings& st = settings();
+    const bool count = counting();
     Traffic counted;
-    backward(p, st.config, Q, K, V, O, L, dO, dQ, dK, dV, st.count_traffic ? &counted : nullptr);
-    if (st.count_traffic) {
-      st.backward = counted;
-      st.backward_counted = true;
-      st.last = &st.backward;
+    backward(p, current_config(), Q, K, V, O, L, dO, dQ, dK, dV, count ? &counted : nullptr);
+    if (count) {
+      t_runs.backward = counted;
+      t_runs.backward_counted = true;
+      t_runs.last = &t_runs.backward;
     }
   };
-  s.add_options = [](CLI::App& app) {
-    Settings& st = settings();
-    app.add_option("--block-q", st.config.block_q, "B_r, query rows per tile (0: min(ceil(M/4d), d))")
-        ->check(CLI::Range(0, 1 << 30))
-        ->capture_default_str();
-    app.add_option("--block-k", st.config.block_k, "B_c, key rows per tile (0: ceil(M/4d))")
-        ->check(CLI::Range(0, 1 << 30))
-        ->capture_default_str();
-    app.add_option("--sram-bytes", st.config.sram_bytes, "fast-memory budget in bytes (M = bytes/4 floats)")
-        ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
-        ->capture_default_str();
-    app.add_option("--threads", st.config.threads, "worker threads (results are the same for any count)")
-        ->check(CLI::Range(1, 1 << 30))
-        ->capture_default_str();
-    app.add_flag("--count-traffic", st.count_traffic,
-                 "count elements read from and written to Q, K, V, O, L, dO, D, dQ, dK, dV");
-  };
   s.report = [](const Problem& p, Dtype) {
-    const Settings& st = settings();
+    const Config config = current_config();
+    const LastRuns& st = t_runs;
     std::vector<std::pair<std::string, std::string>> rows;
-    rows.push_back({"tiles", tiles_row(p, st.config)});
-    rows.push_back({"threads", std::to_string(st.config.threads)});
-    if (!st.count_traffic) {
+    rows.push_back({"tiles", tiles_row(p, config)});
+    rows.push_back({"threads", std::to_string(config.threads)});
+    if (!counting()) {
       rows.push_back({"traffic", "not counted (add --count-traffic)"});
       return rows;
     }
     if (st.forward_counted) {
       rows.push_back({"traffic forward", st.forward.describe()});
-      rows.push_back({"  closed form", compare_row(st.forward, predicted_forward_traffic(p, st.config))});
+      rows.push_back({"  closed form", compare_row(st.forward, predicted_forward_traffic(p, config))});
     }
     if (st.backward_counted) {
       rows.push_back({"traffic backward", st.backward.describe()});
-      rows.push_back({"  closed form", compare_row(st.backward, predicted_backward_traffic(p, st.config))});
+      rows.push_back({"  closed form", compare_row(st.backward, predicted_backward_traffic(p, config))});
     }
     // What standard attention moves in its forward (S and P written and read back once each).
     const double standard = double(p.batch) * p.heads *
@@ -146,8 +137,7 @@ StageInfo info() {
                                                 " elements (4·N_q·N_k + 2·N_q·d + 2·N_k·d per head)"});
     return rows;
   };
-  s.set_option = set;
-  s.get_counter = counter;
+  options().attach(s);
   return s;
 }
 

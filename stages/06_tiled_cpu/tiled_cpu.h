@@ -23,9 +23,12 @@ struct Config {
   /// x86 cores, 1–2 MiB on recent ones): the CPU's closest analogue of a GPU's shared memory.
   /// At d = 64 it gives B_c = 256, B_r = 64.
   int64_t sram_bytes = 256 * 1024;
-  /// Worker threads. Results are bitwise the same for any count.
+  /// Worker threads, 1 … kMaxThreads. Results are bitwise the same for any count.
   int threads = 1;
 };
+
+/// The most worker threads a run starts (each is an OS thread with its own fast memory).
+inline constexpr int kMaxThreads = 1024;
 
 /// The large arrays whose traffic is counted. D = rowsum(dO∘O) is the backward's own
 /// O(N) scratch array in slow memory, so it is counted too.
@@ -52,7 +55,7 @@ struct Tiles {
 
 /// B_c = ⌈M/4d⌉ and B_r = min(⌈M/4d⌉, d) with M = sram_bytes/4 elements (unless set), and
 /// the tile counts. Throws std::invalid_argument for a negative block size, a budget ≤ 0
-/// or fewer than one thread.
+/// or a thread count outside 1 … kMaxThreads.
 Tiles tiles_for(const Problem& p, const Config& c);
 
 /// The causal skip (both directions). Query tile i visits key tiles 0 … n−1 with
@@ -81,10 +84,11 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
 Traffic predicted_forward_traffic(const Problem& p, const Config& c);
 Traffic predicted_backward_traffic(const Problem& p, const Config& c);
 
-/// The driver's view of this stage. Its forward/backward use one stage-wide Config set by
-/// the command line (--block-q --block-k --sram-bytes --threads --count-traffic) or by
-/// set_option("block_q" | "block_k" | "sram_bytes" | "threads" | "count_traffic", v);
-/// get_counter("reads" | "writes" | "reads_K" | "writes_dQ" | ...) returns the last run's counts.
+/// The driver's view of this stage. Its forward/backward read the calling thread's Config
+/// from the stage's option table (register.cpp), set by the command line (--block-q
+/// --block-k --sram-bytes --threads --count-traffic) or by set_option("block_q" | "block_k"
+/// | "sram_bytes" | "threads" | "count_traffic", v); get_counter("reads" | "writes" |
+/// "reads_K" | "writes_dQ" | ...) returns the counts of the calling thread's last run.
 StageInfo info();
 
 }  // namespace fa::stage06

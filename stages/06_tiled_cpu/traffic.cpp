@@ -1,9 +1,10 @@
 // Stage 06's slow-memory traffic, predicted from the tile geometry alone.
 //
-// tiled_cpu.cpp counts every element its load() and store() move; this file says what that
-// count must be, tile by tile, without running anything. The tests require the two to be
-// equal, element for element and array by array. Without a causal mask the sums collapse to
-// closed forms (per (batch, head); g = heads / kv_heads; T_r = ⌈N_q/B_r⌉, T_c = ⌈N_k/B_c⌉):
+// tiled_cpu.cpp and tiled_backward.cpp count every element that load() and store()
+// (fast_memory.h) move; this file says what that count must be, tile by tile, without
+// running anything. The tests require the two to be equal, element for element and array
+// by array. Without a causal mask the sums collapse to closed forms (per (batch, head);
+// g = heads / kv_heads; T_r = ⌈N_q/B_r⌉, T_c = ⌈N_k/B_c⌉):
 //
 //   forward:   read  Q: N_q·d    K, V: T_r·N_k·d each
 //              write O: N_q·d    L: N_q

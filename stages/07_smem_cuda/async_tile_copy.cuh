@@ -12,13 +12,15 @@
 // it computes P_ij V_j, and V_{j+1} while it computes S_{i,j+1}: no extra shared memory,
 // since each buffer is refilled as soon as the last warp has finished reading it.
 //
-// TUTORIAL: one cp_async_16(dst, src, n) is the plain copy
+// TUTORIAL: one cp_async_16(dst, src, n) (common/cp_async.cuh) is the plain copy
 //     for (int e = 0; e < 4; ++e) dst[e] = e < n / 4 ? src[e] : 0.f;
 // done in the background; cp_async_commit() closes a group of such copies and
 // cp_async_wait<N>() returns once at most N of this thread's groups are still in flight.
 #pragma once
 
 #include <cstdint>
+
+#include "cp_async.cuh"
 
 namespace fa::stage07 {
 namespace {
@@ -28,23 +30,6 @@ template <int ROWS, int D, int STRIDE, int THREADS, bool SWIZZLED>
 struct TileCopy;
 template <bool kSwizzled, int STRIDE>
 __device__ __forceinline__ int tile_at(int row, int col);
-
-// Copies 16 bytes global → shared in the background; bytes past `src_bytes` (0 or 16) are
-// written as zeros, which is how a tail row or a padded column becomes 0 without a branch
-// around the store. ".cg": the copy is cached in L2 only (a block reads each element once).
-__device__ __forceinline__ void cp_async_16(float* dst, const float* src, int src_bytes) {
-  const unsigned dst_shared = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_shared), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // The same tile as Layout = TileCopy<ROWS, D, STRIDE, THREADS, SWIZZLED> (same thread →
 // chunk assignment, same places in shared memory, same zeros for rows ≥ n_rows and columns

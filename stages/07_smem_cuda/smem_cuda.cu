@@ -31,7 +31,6 @@
 //        ./build/stages/07_smem_cuda/stage07 --head-dim 128 --bench --variant 4
 //                                    (one kernel variant forced: "Variants" below, README.md)
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -495,10 +494,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) flash_forward_kern
 // ---------------------------------------------------------------------------------------
 // Host side: choose the configuration, validate, launch.
 // ---------------------------------------------------------------------------------------
-std::atomic<int> g_block_k{0};   // 0: the default B_c for the head dim
-// 0 (default) and 1: K_j, V_j loaded with cp.async during the previous tile (measured
-// faster on the H200: README.md); 2: each tile loaded, then computed (the simpler schedule).
-std::atomic<int> g_pipeline{0};
+// The options (the calling thread's, declared in register.cpp's table and read here through
+// block_k_option(), pipeline_option() and variant_option()):
+// block_k 0: the default B_c for the head dim; pipeline 0 (default) and 1: K_j, V_j loaded
+// with cp.async during the previous tile (measured faster on the H200: README.md); 2: each
+// tile loaded, then computed (the simpler schedule).
 // Variants (option `variant`; README.md, "Variants"). Each is one Config, correct for every
 // problem, and changes one or two things of the padded kernel (4):
 //   0  auto, the default: variant 1 at D = 128 (measured 5 % faster there on the H200)
@@ -510,7 +510,6 @@ std::atomic<int> g_pipeline{0};
 //      two blocks of 8 warps per SM; needs D = 64 or 128 (variant_for)
 //   3  the padded tiles with two barriers per key tile: bitwise variant 4's output
 //   4  the padded kernel: B_c = 64 for D ≤ 64, 32 above; three barriers per key tile
-std::atomic<int> g_variant{0};
 
 int padded_head_dim(int d) {
   for (int s : supported_head_dims())
@@ -530,8 +529,8 @@ int padded_head_dim(int d) {
 // gives each of its 16 column groups whole float4 columns of O, which needs D/4 to be a
 // multiple of 16 (D = 64, 128); at D = 32 and 96 the padded kernel (4) runs instead.
 int variant_for(int D) {
-  const int variant = g_variant.load();
-  if (variant == 0) return D == 128 && g_block_k.load() == 0 ? 1 : 4;
+  const int variant = variant_option();
+  if (variant == 0) return D == 128 && block_k_option() == 0 ? 1 : 4;
   return variant == 2 && D % 64 != 0 ? 4 : variant;
 }
 
@@ -543,7 +542,7 @@ int variant_for(int D) {
 // into 4).
 int block_k_for(int D, int variant) {
   if (variant == 1 || variant == 2) return 64;
-  const int forced = g_block_k.load();
+  const int forced = block_k_option();
   return forced != 0 ? forced : (D <= 64 ? 64 : 32);
 }
 
@@ -613,38 +612,6 @@ void require_aligned(const void* ptr, const char* name) {
 
 }  // namespace
 
-void set_block_k(int block_k) {
-  if (block_k != 0 && block_k != 32 && block_k != 64)
-    throw std::invalid_argument(std::string(kStage) + ": block_k = " + std::to_string(block_k) +
-                                " is not allowed (0 for the default, 32 or 64)");
-  g_block_k.store(block_k);
-}
-
-int block_k_option() { return g_block_k.load(); }
-
-void set_pipeline(int pipeline) {
-  if (pipeline < 0 || pipeline > 2)
-    throw std::invalid_argument(std::string(kStage) + ": pipeline = " + std::to_string(pipeline) +
-                                " is not allowed (0: the default, which is 1; 1: load the next "
-                                "tile with cp.async while computing this one; 2: load each tile, "
-                                "then compute it)");
-  g_pipeline.store(pipeline);
-}
-
-int pipeline_option() { return g_pipeline.load(); }
-
-void set_variant(int variant) {
-  if (variant < 0 || variant > 4)
-    throw std::invalid_argument(std::string(kStage) + ": variant = " + std::to_string(variant) +
-                                " is not allowed (0: auto, the default; 1: B_c = 64 with "
-                                "swizzled tiles, two blocks per SM at d = 128; 2: as 1 with 256 "
-                                "threads; 3: the padded tiles with two barriers per key tile; "
-                                "4: the padded kernel)");
-  g_variant.store(variant);
-}
-
-int variant_option() { return g_variant.load(); }
-
 LaunchShape launch_shape(const Problem& p) {
   p.validate(kStage);
   LaunchShape s;
@@ -652,7 +619,7 @@ LaunchShape launch_shape(const Problem& p) {
   s.block_q = kBlockQ;
   s.variant = variant_for(s.head_dim_padded);
   s.block_k = block_k_for(s.head_dim_padded, s.variant);
-  s.pipelined = g_pipeline.load() != 2;
+  s.pipelined = pipeline_option() != 2;
   const long long T_r = (int64_t(p.seq_q) + kBlockQ - 1) / kBlockQ;
   s.blocks = T_r * p.batch * p.heads;
   with_config(s, [&](auto cfg) {
@@ -719,11 +686,9 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
   rows.emplace_back("loads", s.pipelined ? "cp.async: K_j+1 during P V_j, V_j+1 during S_i,j+1"
                                          : "K_j, V_j through registers, then the tile's math");
   rows.emplace_back("variant", std::to_string(s.variant) + " (option " +
-                                   std::to_string(g_variant.load()) + "), " +
+                                   std::to_string(variant_option()) + "), " +
                                    std::to_string(s.barriers) + " barriers per key tile");
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();  // clear the error of the failed query
+  if (!have_gpu()) {
     rows.emplace_back("launch", std::to_string(s.blocks) + " blocks x " +
                                     std::to_string(s.threads) +
                                     " threads, " + std::to_string(s.shared_bytes) +

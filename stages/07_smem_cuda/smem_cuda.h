@@ -50,6 +50,10 @@ LaunchShape launch_shape(const Problem& p);
 /// GPU is present, registers per thread and theoretical occupancy (fa::describe_launch).
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p);
 
+/// The stage's options, declared in register.cpp's option table (options.h): these set and
+/// read the calling thread's values, which launch_shape, forward and launch_report use.
+/// Each setter throws std::invalid_argument for a value the option does not allow.
+///
 /// B_c of the padded kernel (variants 3, 4), for experiments: 0 (default: 64 for d ≤ 64, 32
 /// above), 32 or 64. Set, it also turns variant auto into 4 at d = 128 (see set_variant).
 void set_block_k(int block_k);
@@ -71,7 +75,7 @@ int pipeline_option();
 ///      bitwise variant 4's;
 ///   4  the padded kernel: sQ, sK, sP padded by 4 floats, B_c = 64 for d ≤ 64 and 32 above,
 ///      three barriers per key tile.
-/// block_k applies to variants 3 and 4 only. A process-wide setting, like the other two.
+/// block_k applies to variants 3 and 4 only.
 void set_variant(int variant);
 int variant_option();
 

@@ -1,9 +1,9 @@
 // Stage 08: moving tiles between global and shared memory.
 //
-//  - cp.async: a 16-byte copy global → shared that does not pass through registers and
-//    does not block the thread. Copies are grouped (commit_group) and waited for by
-//    group (wait_group N: "all but the N most recent groups have landed"), which is what
-//    lets tile j+1 travel while tile j is being computed on.
+//  - cp.async (common/cp_async.cuh): a 16-byte copy global → shared that does not pass
+//    through registers and does not block the thread. Copies are grouped (commit_group)
+//    and waited for by group (wait_group N: "all but the N most recent groups have
+//    landed"), which is what lets tile j+1 travel while tile j is being computed on.
 //  - Tails: a chunk whose row lies past the end of the tensor is copied with source size
 //    0: it reads nothing and writes 16 zero bytes. The caller never pads; zero rows of K
 //    give scores that the mask removes, zero rows of V add 0·0 to O.
@@ -15,32 +15,11 @@
 
 #include <cstdint>
 
+#include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "mma.cuh"
 #include "tile_index.h"
 
 namespace fa::stage08 {
-
-/// Asynchronously copy 16 bytes from global `src` to shared address `dst` (cp.async.cg:
-/// cached in L2 only, the data is used once per block). When `valid` is false nothing is
-/// read and the 16 bytes are zero-filled (source size 0); `src` must still be an address
-/// inside the tensor.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-
-/// Close the current group of cp.async copies (an empty group is allowed, and keeps the
-/// group count uniform at the end of a loop).
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-/// Wait until at most `kPending` of this thread's most recent groups are still in flight.
-/// Only this thread's copies are covered: a __syncthreads() must follow before other
-/// threads read the data.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 /// Shared-memory byte address of (row, chunk) in a tile starting at `tile` (a u32 address).
 template <int kHeadDim, SmemLayout kLayout>
@@ -96,7 +75,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const Elem* src, 
       // A row past the end reads nothing and is zero-filled; the tile's first row stands
       // in for its address, so no address outside the tensor is ever formed.
       const bool valid = row + it * kRowsPerPass < rows_valid;
-      cp_async_16(dst, valid ? from + it * kRowsPerPass * kHeadDim : src, valid);
+      cp_async_16(dst, valid ? from + it * kRowsPerPass * kHeadDim : src, valid ? 16 : 0);
     }
   } else {  // rows of a chunk count that does not divide the block (d = 96): general form
 #pragma unroll
@@ -105,7 +84,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const Elem* src, 
       const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
       const bool valid = row < rows_valid;
       cp_async_16(tile_address<kHeadDim, kLayout>(tile, row, chunk),
-                  valid ? src + int64_t(row) * kHeadDim + chunk * 8 : src, valid);
+                  valid ? src + int64_t(row) * kHeadDim + chunk * 8 : src, valid ? 16 : 0);
     }
   }
 }

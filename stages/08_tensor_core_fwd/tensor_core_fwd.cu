@@ -35,12 +35,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 
 #include "cuda_utils.h"
+#include "dispatch.cuh"
 #include "masking.cuh"
 #include "mma.cuh"
 #include "smem_tiles.cuh"
@@ -374,12 +374,6 @@ std::vector<std::pair<std::string, std::string>> describe(const Problem& p) {
 template <class Elem, int kHeadDim>
 constexpr bool kHasAblations = std::is_same_v<Elem, __nv_bfloat16> && (kHeadDim == 64 || kHeadDim == 128);
 
-/// A type passed as a value, so a generic lambda can receive a Traits type.
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
 /// Calls fn(TypeTag<Traits>{}) for the variant `o` selects at head dim kHeadDim.
 template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, bool causal, Fn&& fn) {
@@ -437,14 +431,6 @@ void with_head_dim(const Problem& p, const Options& o, Fn&& fn) {
   throw std::logic_error("unreachable: head_dim checked before dispatch");
 }
 
-template <class Fn>
-void with_dtype(Dtype t, Fn&& fn) {
-  if (t == Dtype::BF16)
-    fn(__nv_bfloat16{});
-  else
-    fn(__half{});
-}
-
 /// Every refusal happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   p.validate(kStageName);
@@ -468,8 +454,6 @@ void check_pointer(const char* name, const void* ptr, size_t alignment) {
                                          : "L is fp32");
 }
 
-std::atomic<int> g_ablation{0};
-std::atomic<int> g_tile_d128{0};
 
 }  // namespace
 
@@ -494,13 +478,6 @@ Ablation parse_ablation(const std::string& name) {
 const std::vector<std::string>& tile_d128_names() {
   static const std::vector<std::string> names{"auto", "q_regs", "q_smem", "q_smem_wide"};
   return names;
-}
-
-Options current_options() { return Options{Ablation(g_ablation.load()), TileD128(g_tile_d128.load())}; }
-
-void set_options(const Options& o) {
-  g_ablation = int(o.ablation);
-  g_tile_d128 = int(o.tile_d128);
 }
 
 const std::vector<int>& supported_head_dims() {

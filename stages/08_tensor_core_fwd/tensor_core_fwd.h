@@ -46,6 +46,8 @@ struct Options {
   Ablation ablation = Ablation::None;
   TileD128 tile_d128 = TileD128::Auto;
 };
+/// The calling thread's options (register.cpp's option table, options.h: "ablation",
+/// "tile_d128"), and a way to set both at once.
 Options current_options();
 void set_options(const Options& o);
 

@@ -6,11 +6,11 @@
 // is limited to this stage's head dims, so that every forward it accepts has a backward.
 #include <cuda_runtime_api.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <stdexcept>
 
 #include "cuda_utils.h"
+#include "options.h"
 #include "tensor_core_bwd.h"
 #include "tensor_core_fwd.h"
 
@@ -19,13 +19,6 @@ namespace fa::stage09 {
 namespace {
 
 constexpr const char* kStageName = "09_tensor_core_bwd";
-
-bool have_gpu() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  if (!ok) cudaGetLastError();  // clear the "no device" error
-  return ok;
-}
 
 /// Refuses a bad problem or an unsupported head dim by name, before the host adapters
 /// allocate anything (a negative size must be refused, not turned into a huge allocation).
@@ -37,59 +30,46 @@ void check_problem(const Problem& p) {
                                 " is not supported (supported: 64, 128)");
 }
 
-// The settings the C ABI can change by name (fa_set_option / fa_get_counter):
-//   "deterministic": 0 (dQ by fp32 atomics, the default) or 1 (a separate dQ pass)
-//   "ablation":      0 none, 1 no_pipeline, 2 no_swizzle
-//   "tile":          0 wide (the default tiles), 1 narrow (smaller tiles; see bwd_traits.cuh)
-//   "schedule":      0 two_barriers (the default), 1 one_barrier (wide tile only)
-//   "layout":        0 auto (the default: p_smem at d = 128 where it fits, else p_regs),
-//                    1 p_regs, 2 p_smem (wide tile, two_barriers, no ablation only)
-void set_option(const std::string& name, int64_t value) {
-  Options o = current_options();
-  if (name == "deterministic") {
-    if (value != 0 && value != 1)
-      throw std::invalid_argument(std::string(kStageName) + ": deterministic = " + std::to_string(value) +
-                                  " is not 0 (dQ by atomics) or 1 (a separate dQ pass)");
-    o.deterministic = value == 1;
-  } else if (name == "ablation") {
-    if (value < 0 || value >= int64_t(ablation_names().size()))
-      throw std::invalid_argument(std::string(kStageName) + ": ablation = " + std::to_string(value) +
-                                  " is not 0..2 (none, no_pipeline, no_swizzle)");
-    o.ablation = Ablation(value);
-  } else if (name == "tile") {
-    if (value != 0 && value != 1)
-      throw std::invalid_argument(std::string(kStageName) + ": tile = " + std::to_string(value) +
-                                  " is not 0 (wide) or 1 (narrow)");
-    o.tile = Tile(value);
-  } else if (name == "schedule") {
-    if (value != 0 && value != 1)
-      throw std::invalid_argument(std::string(kStageName) + ": schedule = " + std::to_string(value) +
-                                  " is not 0 (two_barriers) or 1 (one_barrier)");
-    o.schedule = Schedule(value);
-  } else if (name == "layout") {
-    if (value < 0 || value > 2)
-      throw std::invalid_argument(std::string(kStageName) + ": layout = " + std::to_string(value) +
-                                  " is not 0 (auto), 1 (p_regs) or 2 (p_smem)");
-    o.layout = WarpLayout(value);
-  } else {
-    throw std::invalid_argument(std::string(kStageName) + ": no option named '" + name +
-                                "' (options: deterministic, ablation, tile, schedule, layout)");
-  }
-  set_options(o);
-}
-
-int64_t get_counter(const std::string& name) {
-  const Options o = current_options();
-  if (name == "deterministic") return o.deterministic ? 1 : 0;
-  if (name == "ablation") return int64_t(o.ablation);
-  if (name == "tile") return int64_t(o.tile);
-  if (name == "schedule") return int64_t(o.schedule);
-  if (name == "layout") return int64_t(o.layout);
-  throw std::invalid_argument(std::string(kStageName) + ": no counter named '" + name +
-                              "' (counters: deterministic, ablation, tile, schedule, layout)");
+const OptionTable& options() {
+  static const OptionTable table{
+      kStageName,
+      {Option::flag_option("deterministic",
+                           "dQ by a separate pass over the key tiles (bitwise reproducible) instead of fp32 atomics"),
+       Option::choice("ablation", ablation_names(),
+                      "turn one optimisation of the dK/dV kernel off (bf16): none, no_pipeline, no_swizzle"),
+       Option::choice("tile", tile_names(),
+                      "dK/dV tile shape: wide (default) or narrow (d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps)"),
+       Option::choice("schedule", schedule_names(),
+                      "dK/dV loop: two_barriers (default) or one_barrier per query tile (dSᵀ double-buffered; wide "
+                      "tile)"),
+       Option::choice("layout", layout_names(),
+                      "dK/dV warp layout: auto (default: p_smem at d = 128, else p_regs), p_regs (Pᵀ, dSᵀ in "
+                      "registers) or p_smem (warps 4 × 2, Pᵀ and dSᵀ through shared memory; wide tile, "
+                      "two_barriers)")}};
+  return table;
 }
 
 }  // namespace
+
+Options current_options() {
+  const OptionTable& t = options();
+  Options o;
+  o.deterministic = t.get("deterministic") != 0;
+  o.ablation = Ablation(t.get("ablation"));
+  o.tile = Tile(t.get("tile"));
+  o.schedule = Schedule(t.get("schedule"));
+  o.layout = WarpLayout(t.get("layout"));
+  return o;
+}
+
+void set_options(const Options& o) {
+  const OptionTable& t = options();
+  t.set("deterministic", o.deterministic ? 1 : 0);
+  t.set("ablation", int64_t(o.ablation));
+  t.set("tile", int64_t(o.tile));
+  t.set("schedule", int64_t(o.schedule));
+  t.set("layout", int64_t(o.layout));
+}
 
 StageInfo info() {
   const StageInfo fwd = stage08::info();
@@ -124,35 +104,8 @@ StageInfo info() {
   // The whole backward is timed: preprocess, dK/dV (+ atomics), conversion or dQ pass.
   s.bench_backward = bench_backward_on_device(s.forward_device, s.backward_device);
 
-  s.add_options = [](CLI::App& app) {
-    app.add_flag_callback(
-        "--deterministic", [] { set_option("deterministic", 1); },
-        "dQ by a separate pass over the key tiles (bitwise reproducible) instead of fp32 atomics");
-    app.add_option_function<std::string>(
-           "--ablation", [](const std::string& v) { set_option("ablation", int64_t(parse_ablation(v))); },
-           "turn one optimisation of the dK/dV kernel off (bf16): none, no_pipeline, no_swizzle")
-        ->check(CLI::IsMember(ablation_names()));
-    app.add_option_function<std::string>(
-           "--tile", [](const std::string& v) { set_option("tile", v == tile_names()[1] ? 1 : 0); },
-           "dK/dV tile shape: wide (default) or narrow (d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps)")
-        ->check(CLI::IsMember(tile_names()));
-    app.add_option_function<std::string>(
-           "--schedule", [](const std::string& v) { set_option("schedule", v == schedule_names()[1] ? 1 : 0); },
-           "dK/dV loop: two_barriers (default) or one_barrier per query tile (dSᵀ double-buffered; wide tile)")
-        ->check(CLI::IsMember(schedule_names()));
-    app.add_option_function<std::string>(
-           "--layout",
-           [](const std::string& v) {
-             const auto& names = layout_names();
-             set_option("layout", std::find(names.begin(), names.end(), v) - names.begin());
-           },
-           "dK/dV warp layout: auto (default: p_smem at d = 128, else p_regs), p_regs (Pᵀ, dSᵀ in registers) "
-           "or p_smem (warps 4 × 2, Pᵀ and dSᵀ through shared memory; wide tile, two_barriers)")
-        ->check(CLI::IsMember(layout_names()));
-  };
   s.report = [](const Problem& p, Dtype t) { return launch_report(p, t, have_gpu()); };
-  s.set_option = set_option;
-  s.get_counter = get_counter;
+  options().attach(s);
   return s;
 }
 

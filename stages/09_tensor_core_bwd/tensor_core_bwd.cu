@@ -53,7 +53,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -66,6 +65,7 @@
 #include "bwd_tile_index.h"
 #include "bwd_traits.cuh"
 #include "cuda_utils.h"
+#include "dispatch.cuh"
 #include "masking.cuh"
 #include "mma.cuh"
 #include "smem_tiles.cuh"
@@ -76,9 +76,6 @@ namespace fa::stage09 {
 
 namespace {
 
-using stage08::cp_async_16;
-using stage08::cp_async_commit;
-using stage08::cp_async_wait;
 using stage08::fast_exp2;
 using stage08::load_tile_async;
 using stage08::pack_pair;
@@ -302,9 +299,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const BwdParams p
                                                     static_cast<const Elem*>(p.dO) + q_offset, rows, tid);
     const int64_t stat_offset = q_head * p.n_q_pad + q0;
     if (tid < B_r / 4)  // B_r/4 chunks of 4 floats each
-      cp_async_16(sL2 + buf * Tr::kRowStatBytes + 16 * tid, p.L2 + stat_offset + 4 * tid, true);
+      cp_async_16(sL2 + buf * Tr::kRowStatBytes + 16 * tid, p.L2 + stat_offset + 4 * tid, 16);
     else if (tid < B_r / 2)
-      cp_async_16(sD + buf * Tr::kRowStatBytes + 16 * (tid - B_r / 4), p.D + stat_offset + 4 * (tid - B_r / 4), true);
+      cp_async_16(sD + buf * Tr::kRowStatBytes + 16 * (tid - B_r / 4), p.D + stat_offset + 4 * (tid - B_r / 4), 16);
     cp_async_commit();
   };
 
@@ -750,11 +747,6 @@ size_t scratch_bytes(const Problem& p, bool deterministic) {
   return size_t(rows) * sizeof(float) * (2 + (deterministic ? 0 : p.head_dim));
 }
 
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
 /// Calls fn(TypeTag<DkDv traits>{}, TypeTag<Dq traits>{}) for the variant `o` selects.
 template <class Elem, int kHeadDim, class Fn>
 void with_variant(const Options& o, Fn&& fn) {
@@ -819,8 +811,7 @@ void with_kernels(Dtype dtype, int head_dim, const Options& o, Fn&& fn) {
     if (head_dim == 64) with_variant<Elem, 64>(o, call);
     else with_variant<Elem, 128>(o, call);
   };
-  if (dtype == Dtype::BF16) for_elem(__nv_bfloat16{});
-  else for_elem(__half{});
+  with_dtype(dtype, for_elem);
 }
 
 /// Grid of the dK/dV kernel: one block per (batch, kv head, key tile).
@@ -903,11 +894,6 @@ void launch_all(const Problem& p, BwdParams& params, bool deterministic, cudaStr
   }
 }
 
-std::atomic<bool> g_deterministic{false};
-std::atomic<int> g_ablation{0};
-std::atomic<int> g_tile{0};
-std::atomic<int> g_schedule{0};
-std::atomic<int> g_layout{0};
 
 }  // namespace
 
@@ -946,24 +932,6 @@ const std::vector<std::string>& schedule_names() {
 const std::vector<std::string>& layout_names() {
   static const std::vector<std::string> names{"auto", "p_regs", "p_smem"};
   return names;
-}
-
-Options current_options() {
-  Options o;
-  o.deterministic = g_deterministic.load();
-  o.ablation = Ablation(g_ablation.load());
-  o.tile = Tile(g_tile.load());
-  o.schedule = Schedule(g_schedule.load());
-  o.layout = WarpLayout(g_layout.load());
-  return o;
-}
-
-void set_options(const Options& o) {
-  g_deterministic = o.deterministic;
-  g_ablation = int(o.ablation);
-  g_tile = int(o.tile);
-  g_schedule = int(o.schedule);
-  g_layout = int(o.layout);
 }
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,

@@ -70,10 +70,10 @@ struct Options {
   Schedule schedule = Schedule::TwoBarriers;  ///< OneBarrier: wide tile, no ablation
   WarpLayout layout = WarpLayout::Auto;       ///< PSmem: wide tile, two_barriers, no ablation
 };
-/// The options `backward` uses when none are given; the stage's command-line flags
+/// The options `backward` uses when none are given: the calling thread's values of the
+/// stage's options (register.cpp's option table, options.h), which the command-line flags
 /// (--deterministic, --ablation, --tile, --schedule, --layout) and
-/// set_option("deterministic" | "ablation" | "tile" | "schedule" | "layout")
-/// change them.
+/// set_option("deterministic" | "ablation" | "tile" | "schedule" | "layout") change.
 Options current_options();
 void set_options(const Options& o);
 
