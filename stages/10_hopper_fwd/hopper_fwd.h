@@ -24,8 +24,8 @@ namespace fa::stage10 {
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5 };
 const std::vector<std::string>& step_names();  ///< "auto", "10a", "10b", "10c", "10d", "10e"
 
-/// Settings that select a kernel. Per thread: a thread's options never change what
-/// another thread runs.
+/// Settings that select a kernel (the option table in register.cpp). Per thread: a
+/// thread's options never change what another thread runs.
 struct Options {
   Step step = Step::Auto;
 };

@@ -19,8 +19,6 @@ namespace {
 
 constexpr const char* kStageName = "10_hopper_fwd";
 
-thread_local Options t_options;
-
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   p.validate(kStageName);
@@ -83,9 +81,6 @@ const std::vector<std::string>& step_names() {
   static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e"};
   return names;
 }
-
-Options current_options() { return t_options; }
-void set_options(const Options& o) { t_options = o; }
 
 const std::vector<int>& supported_head_dims() {
   static const std::vector<int> dims{64, 128, 256};
