@@ -200,13 +200,13 @@ __device__ inline BlockWork block_work(const FwdParams& p) {
   return w;
 }
 
-/// The persistent kernel's (10e) t-th work tile: tiles are numbered heaviest first, the
-/// last query tile of every (batch, head) before the one above it, so that under a causal
-/// mask the long tiles start early and the short ones fill the end.
+/// The persistent kernel's (10e) t-th work tile: the query tiles of one (batch, head) are
+/// consecutive, so the blocks running at one time share few heads' K and V, which then stay
+/// in L2; within a head they go last tile first, the heaviest under a causal mask.
 template <int d, bool kCausal, class R>
 __device__ inline BlockWork tile_work(const FwdParams& p, int t) {
-  const int heads_total = p.batch * p.heads;
-  const int from_end = t / heads_total, bh = t % heads_total;
+  const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM;
+  const int from_end = t % query_tiles, bh = t / query_tiles;
   const int head = bh % p.heads, batch = bh / p.heads;
   BlockWork w;
   w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;
