@@ -200,13 +200,18 @@ __device__ inline BlockWork block_work(const FwdParams& p) {
   return w;
 }
 
-/// The persistent kernel's (10e) t-th work tile: the query tiles of one (batch, head) are
-/// consecutive, so the blocks running at one time share few heads' K and V, which then stay
-/// in L2; within a head they go last tile first, the heaviest under a causal mask.
+/// The persistent kernel's (10e) t-th work tile. Without a mask every tile costs the same:
+/// the query tiles of one (batch, head) are consecutive, so the blocks running at one time
+/// share a few heads' K and V, which then stay in L2. Under the causal mask the last query
+/// tile of every head comes first, then the one above it, and so on: the heaviest tiles
+/// start first and the lightest fill the end. (Head-major order there would hand block b
+/// the same position in every head whenever the SM count is a multiple of the tiles per
+/// head: one block all heavy tiles, another all light ones.)
 template <int d, bool kCausal, class R>
 __device__ inline BlockWork tile_work(const FwdParams& p, int t) {
-  const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM;
-  const int from_end = t % query_tiles, bh = t / query_tiles;
+  const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM, heads_total = p.batch * p.heads;
+  const int from_end = kCausal ? t / heads_total : t % query_tiles;
+  const int bh = kCausal ? t % heads_total : t / query_tiles;
   const int head = bh % p.heads, batch = bh / p.heads;
   BlockWork w;
   w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;
