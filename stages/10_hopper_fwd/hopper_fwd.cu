@@ -17,9 +17,10 @@
 // What changed from 10d, and why: in 10d a block computes one query tile and ends; the
 // next block on the SM starts by loading Q and waiting for its first K tile, and nothing
 // overlaps the epilogue. Here the grid has one block per SM, each looping over a list of
-// query tiles (heaviest first); the producer loads the next tile's K/V while the consumers
-// are still finishing the current one, and the ring of K/V buffers and its phases simply
-// continue from one query tile to the next.
+// query tiles (one head's together; under the causal mask the heaviest first); the
+// producer loads the next tile's Q and K/V while the consumers are still finishing the
+// current one, and the ring of K/V buffers and its phases simply continue from one query
+// tile to the next.
 //
 // Algorithm, one block per SM; a producer warpgroup and two consumer warpgroups of 64 rows
 // (B_r = 128), three at d = 64 (B_r = 192):

@@ -20,7 +20,7 @@ namespace fa::stage10 {
 ///   10b  warp specialization: a producer warp, two consumer warpgroups, setmaxnreg
 ///   10c  ping-pong: named barriers let one warpgroup's softmax run under the other's GEMMs
 ///   10d  intra-warpgroup overlap: the softmax of S_j runs under P_{j−1}·V_{j−1}
-///   10e  persistent: one block per SM loops over the query tiles, heaviest first
+///   10e  persistent: one block per SM loops over a list of query tiles
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5 };
 const std::vector<std::string>& step_names();  ///< "auto", "10a", "10b", "10c", "10d", "10e"
 
