@@ -4,11 +4,12 @@
 // Test suite "cpu" — the key-tile schedule (tile_schedule.h) against Problem::visible_keys,
 // exhaustively over small shapes: no visible key is skipped, no tile past the band is
 // visited, and every tile before first_masked is visible whole to every row.
-// GPU tests (compute capability 9.x): check_matrix for steps 10a, 10b, 10c, 10d in bf16 and
-// f16; adversarial inputs, properties (bitwise determinism, key permutation), refusals and
-// random shapes for the default step; the steps agree with each other bitwise where they
-// should; refusals at the device entry (nothing written); empty sequences; a non-default
-// stream; the launch report; > 2³¹ elements (FA_TEST_LARGE=1).
+// GPU tests (compute capability 9.x): check_matrix for steps 10a–10e in bf16 and f16;
+// adversarial inputs and properties (bitwise determinism, key permutation) for every step;
+// refusals and random shapes for the default step (10e); the steps agree with each other
+// bitwise where they should; every output element written (device outputs poisoned first);
+// refusals at the device entry (nothing written); empty sequences; a non-default stream;
+// the launch report; > 2³¹ elements (FA_TEST_LARGE=1).
 //
 // Environment: FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs); FA_TEST_LARGE=1
 // adds the > 2³¹-element case.
