@@ -35,7 +35,7 @@ int fa_stage_has_backward(const char* stage); /* 1, 0, or -1 for an unknown stag
 int fa_stage_is_gpu(const char* stage);       /* 1, 0, or -1 for an unknown stage */
 const char* fa_last_error(void);
 
-/* Host buffers, fp32, layouts of DESIGN §3. GPU stages accept these too (they copy). */
+/* Host buffers, fp32, layouts of docs/design.md §3. GPU stages accept these too (they copy). */
 int fa_forward(const char* stage, const fa_problem* p, const float* Q, const float* K,
                const float* V, float* O, float* L);
 int fa_backward(const char* stage, const fa_problem* p, const float* Q, const float* K,

@@ -22,7 +22,7 @@ inline constexpr int64_t kMaxTensorElems = INT64_MAX / 4;
 
 /// One attention problem: O = softmax(scale · Q Kᵀ + mask) V.
 ///
-/// Layout (DESIGN §3): Q, O are [batch][heads][seq_q][head_dim]; K, V are
+/// Layout (docs/design.md §3): Q, O are [batch][heads][seq_q][head_dim]; K, V are
 /// [batch][kv_heads][seq_k][head_dim]; L is [batch][heads][seq_q]. Query head h reads
 /// kv head h / (heads / kv_heads) (grouped-query attention).
 struct Problem {

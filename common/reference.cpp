@@ -163,7 +163,7 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           if (!backward) continue;
 
           // ---- backward for this row block ----
-          // A backward pass is handed L in fp32 (the contract of DESIGN §3) and recomputes
+          // A backward pass is handed L in fp32 (the contract of docs/design.md §3) and recomputes
           // P = exp(S − L) from it. The same-precision baselines do the same, so that the
           // rounding of L (about u·|L|, i.e. a relative error of u·|L| in every P when the
           // logits are in the hundreds) is part of the budget; the exact mode uses P itself.

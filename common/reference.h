@@ -21,7 +21,7 @@ namespace fa {
 ///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
 enum class RefMode { Exact, F32, F16, BF16 };
 
-/// Reference outputs, in double. Tensors have the layouts of DESIGN §3.
+/// Reference outputs, in double. Tensors have the layouts of docs/design.md §3.
 struct Reference {
   std::vector<double> O, L;       ///< [b][h][N_q][d], [b][h][N_q] (L = −inf on empty rows)
   std::vector<double> P;          ///< [b][h][N_q][N_k], only when asked for

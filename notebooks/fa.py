@@ -4,7 +4,7 @@
     O, L = fa.forward("05", Q, K, V, causal=True)          # host fp32 arrays
     dQ, dK, dV = fa.backward("06", Q, K, V, O, L, dO)
 
-Arrays are float32 in the layouts of DESIGN §3: Q, O [batch, heads, seq_q, d];
+Arrays are float32 in the layouts of docs/design.md §3: Q, O [batch, heads, seq_q, d];
 K, V [batch, kv_heads, seq_k, d]; L [batch, heads, seq_q]. The library is found through
 the environment variable FA_LIB, or at build/stages/libfa_c.so under the repository root.
 Errors from the library raise FaError with the library's message.

@@ -2,8 +2,8 @@
 // would use it: random problem structs, dtypes and stage names for every CPU stage of
 // libfa_c.so, with exactly sized, sentinel-filled buffers.
 //
-// Each call is classified by an oracle written from the contract (DESIGN §3, §4), not from
-// the library's code:
+// Each call is classified by an oracle written from the contract (docs/design.md §3, §4), not
+// from the library's code:
 //   - a valid problem with buffers: return 0, an empty fa_last_error(), every output element
 //     written (O finite, L finite or −inf for a row that sees no key), the inputs untouched;
 //   - anything invalid: return FA_ERR_INVALID (1), a message that names one of the values at

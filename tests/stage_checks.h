@@ -1,5 +1,5 @@
 /// \file stage_checks.h
-/// \brief The shared test matrix (DESIGN §6) and the checks every stage must pass.
+/// \brief The shared test matrix (docs/design.md §6) and the checks every stage must pass.
 ///
 /// Each stage's test program calls these with its StageInfo, so no stage can pass on the
 /// easy shapes only. Failures are reported through doctest with the problem, the seed and
@@ -15,7 +15,7 @@
 
 namespace fa::test {
 
-/// The shapes of DESIGN §6 for a stage: lengths 1, 2, 17, 64, 97, 128, 255, 1025;
+/// The shapes of docs/design.md §6 for a stage: lengths 1, 2, 17, 64, 97, 128, 255, 1025;
 /// seq_q ≠ seq_k (1×512, 300×77, 77×300); every head dim in `head_dims` (CPU stages:
 /// 16, 32, 40, 64, 80, 96, 128); causal and not; heads = kv_heads and GQA (8 over 2).
 std::vector<Problem> shape_matrix(const std::vector<int>& head_dims);

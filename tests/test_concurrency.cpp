@@ -1,4 +1,4 @@
-// Several threads use the C ABI at once, each with its own options (DESIGN §10: options
+// Several threads use the C ABI at once, each with its own options (docs/design.md §10: options
 // are per thread, not process-global): stage 06 with different tile sizes, worker counts
 // and the traffic count, stage 05 beside it. Every result must be bitwise the one the same
 // options give when run alone, and every thread must read its own traffic counters. CI

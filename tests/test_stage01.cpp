@@ -1,4 +1,4 @@
-// Stage 01 against the shared matrix (DESIGN §6).
+// Stage 01 against the shared matrix (docs/design.md §6).
 #include <doctest/doctest.h>
 
 #include "stage_checks.h"

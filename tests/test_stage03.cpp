@@ -1,4 +1,4 @@
-// Stage 03 against the shared matrix (DESIGN §6), plus its per-row intermediates m and l.
+// Stage 03 against the shared matrix (docs/design.md §6), plus its per-row intermediates m and l.
 #include <doctest/doctest.h>
 
 #include "three_pass.h"

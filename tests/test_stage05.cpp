@@ -1,4 +1,4 @@
-// Stage 05 against the shared matrix (DESIGN §6), plus its per-row intermediates m and l.
+// Stage 05 against the shared matrix (docs/design.md §6), plus its per-row intermediates m and l.
 #include <doctest/doctest.h>
 
 #include "one_pass_fused.h"

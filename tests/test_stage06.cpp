@@ -1,5 +1,5 @@
-// Stage 06 against the shared matrix (DESIGN §6), forward and backward, plus what is its own:
-// tile-size invariance (including sizes that do not divide N), thread-count invariance
+// Stage 06 against the shared matrix (docs/design.md §6), forward and backward, plus what is
+// its own: tile-size invariance (including sizes that do not divide N), thread-count invariance
 // (bitwise), the traffic count against the closed form, the causal skip seen in the
 // traffic, L against the reference, the tile-size rule, and refusals of bad settings.
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Stage 09 (tensor-core backward) against the shared matrix (DESIGN §6), in bf16 and fp16
+// Stage 09 (tensor-core backward) against the shared matrix (docs/design.md §6), in bf16 and fp16
 // and in both dQ modes, plus its own checks: the deterministic mode is bitwise
 // reproducible, stage 08's forward followed by stage 09's backward gives the reference's
 // gradients, the device entry point refuses bad pointers without writing, the query-tile

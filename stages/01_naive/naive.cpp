@@ -8,7 +8,8 @@
 //   O = P V                                  [N_q, d]
 //   L_i = log Σ_k exp(S_ik)                  (log-sum-exp, used by the backward later)
 //
-// Memory: S and P, N_q·N_k floats per head, on top of Q, K, V, O.
+// Memory: S and P, 2·N_q·N_k floats (one head at a time) on top of Q, K, V, O: at
+//         N_q = N_k = 64k that is 32 GiB.
 // Limits: exp(x) overflows fp32 for x > 88.7, so logits in the hundreds give inf/inf = NaN.
 //         Stage 02 fixes exactly that.
 // Run:    ./build/stages/01_naive/stage01 --seq-q 256 --seq-k 256 --head-dim 64

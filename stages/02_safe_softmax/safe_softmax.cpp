@@ -12,7 +12,7 @@
 //   P_ij = exp(S_ij − m_i) / l_i               [N_q, N_k]
 //   O = P V,   L_i = m_i + log l_i
 //
-// Memory: still S and P, N_q·N_k floats per head: at N = 64k that is 16 GiB per head.
+// Memory: still S and P, 2·N_q·N_k floats (one head at a time): at N_q = N_k = 64k, 32 GiB.
 //         Stage 03 removes them.
 // Run:    ./build/stages/02_safe_softmax/stage02 --dist large     (passes where 01 fails)
 #include "safe_softmax.h"

@@ -3,7 +3,7 @@
 // What changed from stage 02: stage 02 kept all of S and P (N_q·N_k floats per head). But
 // row i of the output needs only row i of P, and a score S_ij = scale·q_i·k_j costs d
 // multiply-adds to recompute. So we stream: for each query row, walk the keys three
-// times, recomputing S_ij each time, and keep only two numbers per row (m_i, l_i).
+// times, recomputing S_ij each time, and keep only two numbers (m_i, l_i) for that row.
 //
 // Algorithm, for each (batch, head) and each query row i:
 //   pass 1:  m_i = max_j S_ij
@@ -12,7 +12,8 @@
 //   L_i = m_i + log l_i
 //
 // Cost: three passes over K (and one over V) per query row: 3·N_q·N_k·d multiply-adds
-//       for the scores instead of one. Memory beyond Q, K, V, O: O(d) per row.
+//       for the scores instead of one. Memory beyond Q, K, V, O: L (N_q floats per head)
+//       and two floats for the row in progress; O_i accumulates in place in O.
 // Next: stage 04 merges passes 1 and 2 into one with the online normaliser.
 // Run:  ./build/stages/03_three_pass/stage03 --seq-q 1024 --seq-k 1024
 #include "three_pass.h"

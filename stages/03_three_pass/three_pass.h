@@ -7,7 +7,7 @@
 
 namespace fa::stage03 {
 
-/// Same result as stage 02, with O(d) extra memory per row instead of S and P.
+/// Same result as stage 02, with two floats (m_i, l_i) per row in progress instead of S and P.
 /// If `row_max` / `row_sum` are given ([b][h][N_q] like L), they receive m_i and
 /// l_i = Σ_j e^{S_ij − m_i} (−inf and 0 for a row that sees no key).
 void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O, float* L,

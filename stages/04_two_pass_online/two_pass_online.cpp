@@ -15,7 +15,8 @@
 //   pass 2:  O_i = Σ_j (e^{S_ij − m} / l) · v_j
 //   L_i = m + log l
 //
-// Cost: two passes over K per row instead of three. Memory: O(d) per row.
+// Cost: two passes over K per row instead of three. Memory beyond Q, K, V, O: L and two
+//       floats (m_i, l_i) for the row in progress, as in stage 03.
 // Next: stage 05 folds pass 2 into pass 1 by rescaling the output the same way.
 // Run:  ./build/stages/04_two_pass_online/stage04 --seq-q 1024 --seq-k 1024
 #include "two_pass_online.h"

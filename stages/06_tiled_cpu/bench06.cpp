@@ -3,7 +3,7 @@
 // Measures, in one run on this machine:
 //   - an Eigen single-precision GEMM, 2048³, one thread: the practical ceiling;
 //   - stage 06 forward and backward at N = 4096, d = 64 (batch = heads = 1, non-causal) with
-//     1 and 2 threads, as GFLOP/s and as a ratio to the GEMM (DESIGN §7 FLOP convention);
+//     1 and 2 threads, as GFLOP/s and as a ratio to the GEMM (docs/design.md §7 FLOP convention);
 //   - stage 02 (S and P materialised) against stage 06 at N = 1024, 2048, 4096: time and peak
 //     resident memory. Stage 02 needs two N×N buffers; stage 06 needs a few tiles.
 // Every measurement runs in its own child process, so that its peak resident memory

@@ -20,7 +20,7 @@
 //     l_i = e^{m_i − m_new}·l_i + rowsum P_ij;   O_i = e^{m_i − m_new}·O_i + P_ij V_j
 //   store O_i / l_i and L_i = m_i + log l_i
 //
-// Layout and limits: DESIGN §3, fp32; any N_q, N_k ≥ 0 (tail tiles), any d, GQA,
+// Layout and limits: docs/design.md §3, fp32; any N_q, N_k ≥ 0 (tail tiles), any d, GQA,
 // bottom-right causal mask. Extra memory: per thread a few [B, d] and [B_r, B_c] tiles, and
 // in the backward D (N_q floats per head); nothing of size N_q·N_k.
 // Run: ./build/stages/06_tiled_cpu/stage06 --seq-q 4096 --seq-k 4096 --backward --bench --count-traffic

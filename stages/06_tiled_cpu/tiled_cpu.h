@@ -67,8 +67,8 @@ int64_t key_tiles_visited(const Problem& p, const Tiles& t, int64_t i);
 int64_t first_query_tile(const Problem& p, const Tiles& t, int64_t j);
 
 /// FlashAttention-2 forward (Algorithm 1), on host fp32 buffers in the layouts of
-/// DESIGN §3. Writes O and L = m + log l. Counts traffic into `traffic` when it is not null
-/// (and costs nothing when it is).
+/// docs/design.md §3. Writes O and L = m + log l. Counts traffic into `traffic` when it is
+/// not null (and costs nothing when it is).
 void forward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V,
              float* O, float* L, Traffic* traffic = nullptr);
 

@@ -25,7 +25,7 @@ inline const std::vector<int>& supported_head_dims() {
 }
 
 /// O = softmax(scale · Q Kᵀ + mask) V and L = log-sum-exp per row, on DEVICE pointers in
-/// fp32 (layouts of DESIGN §3), launched on `stream`. Asynchronous: returns after the
+/// fp32 (layouts of docs/design.md §3), launched on `stream`. Asynchronous: returns after the
 /// launch. Throws std::invalid_argument for a problem it refuses (bad sizes, a head dim
 /// not in supported_head_dims(), a pointer not 16-byte aligned) before touching anything.
 void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O,

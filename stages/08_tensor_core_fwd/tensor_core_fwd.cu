@@ -22,7 +22,7 @@
 //   O_i = O_i / l;  L_i = scale·m + ln l;  write O_i (input dtype) and L_i (fp32) once
 //
 // Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
-// (DESIGN §3); query head h reads kv head h / (heads / kv_heads). 64-bit offsets.
+// (docs/design.md §3); query head h reads kv head h / (heads / kv_heads). 64-bit offsets.
 // Limits: bf16 and f16; d ∈ {32, 64, 96, 128, 256}; pointers 16-byte aligned; sm_80+.
 // Any seq_q, seq_k ≥ 0 (tails are masked and zero-filled here, never padded by the caller).
 // The pieces: traits.cuh (tile sizes), mma.cuh (fragments), smem_tiles.cuh (loads,

@@ -55,7 +55,7 @@ void set_options(const Options& o);
 const std::vector<int>& supported_head_dims();
 
 /// O = softmax(scale·Q Kᵀ + mask) V and L = log-sum-exp per row, on device buffers in
-/// `dtype` (BF16 or F16; L always fp32), with the current options. Layouts of DESIGN §3;
+/// `dtype` (BF16 or F16; L always fp32), with the current options. Layouts of docs/design.md §3;
 /// every pointer 16-byte aligned. Asynchronous on `stream`. Throws std::invalid_argument
 /// for a problem, dtype, head dim or pointer it refuses (nothing is written then).
 void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O,

@@ -129,7 +129,7 @@ FA_HOST_DEVICE constexpr int ldsm_row_y(int lane) { return lane % 8 + 8 * (lane 
 FA_HOST_DEVICE constexpr int ldsm_chunk_y(int lane) { return (lane / 8) % 2; }
 
 // ------------------------------------------------------------------------------------
-// Which key tiles a query tile visits (bottom-right causal, DESIGN §3).
+// Which key tiles a query tile visits (bottom-right causal, docs/design.md §3).
 //
 // Query row i sees keys j < i + seq_k − seq_q + 1 (clamped to [0, seq_k]). For the query
 // tile of rows [row0, row0 + rows) and key tiles of B_c keys:

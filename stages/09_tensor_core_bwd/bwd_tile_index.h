@@ -14,7 +14,7 @@
 
 namespace fa::stage09 {
 
-/// The first query row that sees key `key` under the bottom-right causal mask (DESIGN §3):
+/// The first query row that sees key `key` under the bottom-right causal mask (docs/design.md §3):
 /// row i sees keys [0, i + seq_k − seq_q + 1), so key k is seen by the rows
 /// i ≥ k + seq_q − seq_k. Every row sees every key when there is no mask.
 FA_HOST_DEVICE constexpr int64_t first_query_seeing(int64_t key, int seq_q, int seq_k, bool causal) {

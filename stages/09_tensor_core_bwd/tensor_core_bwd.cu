@@ -36,7 +36,7 @@
 // on the H200 (README.md, "Two warp layouts").
 //
 // Layout: Q, O, dO, dQ [batch][heads][N_q][d]; K, V, dK, dV [batch][kv_heads][N_k][d];
-// L [batch][heads][N_q] (DESIGN §3). Query head h reads kv head h / (heads / kv_heads);
+// L [batch][heads][N_q] (docs/design.md §3). Query head h reads kv head h / (heads / kv_heads);
 // dK, dV of a kv head sum its query heads. 64-bit offsets.
 // Limits: bf16 and f16; d ∈ {64, 128}; pointers 16-byte aligned (L: 4); sm_80+; any
 // seq_q, seq_k ≥ 0. Scratch: (2 + d)·N_q fp32 per (batch, head), d·N_q of it only with

@@ -82,7 +82,7 @@ const std::vector<int>& supported_head_dims();
 
 /// dQ, dK, dV of O = softmax(scale·Q Kᵀ + mask) V for the loss whose gradient with respect
 /// to O is dO, on DEVICE buffers in `dtype` (BF16 or F16); L (fp32, natural log) is the
-/// forward's log-sum-exp, O its output. Layouts of DESIGN §3; every tensor pointer
+/// forward's log-sum-exp, O its output. Layouts of docs/design.md §3; every tensor pointer
 /// 16-byte aligned, L 4-byte aligned. For GQA, dK and dV of a kv head sum its query heads.
 /// Asynchronous on `stream`: returns after the launches (scratch memory is freed in stream
 /// order). Throws std::invalid_argument for a problem, dtype, head dim or pointer it

@@ -37,7 +37,7 @@
 //     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → global;  release Q_i
 //
 // Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
-// (DESIGN §3); query head h reads kv head h / (heads / kv_heads). Limits: bf16 and f16;
+// (docs/design.md §3); query head h reads kv head h / (heads / kv_heads). Limits: bf16 and f16;
 // d ∈ {64, 128, 256}; pointers 16-byte aligned; compute capability 9.0 (built for sm_90a).
 // The pieces: ptx.cuh (mbarrier, TMA, fences), wgmma.cuh (descriptors, the products),
 // pipeline.cuh (shared memory, the producer), tile_math.cuh (softmax on fragments,

@@ -36,7 +36,7 @@ void set_options(const Options& o);
 const std::vector<int>& supported_head_dims();
 
 /// O = softmax(scale·Q Kᵀ + mask) V and L (log-sum-exp, fp32) on device buffers in `dtype`
-/// (BF16 or F16), with the current options. Layouts of DESIGN §3; pointers 16-byte aligned
+/// (BF16 or F16), with the current options. Layouts of docs/design.md §3; pointers 16-byte aligned
 /// (TMA's rule). Asynchronous on `stream`. Throws std::invalid_argument for a problem,
 /// dtype, head dim or pointer it refuses and std::runtime_error on a GPU that is not
 /// compute capability 9.x (nothing is written then).
