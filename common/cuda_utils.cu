@@ -62,6 +62,28 @@ void require_device_pointer(const std::string& stage, const char* name, const vo
   }
 }
 
+void require_tensor_core_request(const std::string& stage, const Problem& p, Dtype dtype,
+                                 const std::vector<int>& head_dims) {
+  p.validate(stage);
+  if (dtype != Dtype::BF16 && dtype != Dtype::F16)
+    throw std::invalid_argument(stage + ": dtype " + dtype_name(dtype) +
+                                " is not supported (tensor cores take bf16 or f16)");
+  if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) == head_dims.end()) {
+    std::string list;
+    for (int d : head_dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    throw std::invalid_argument(stage + ": head_dim = " + std::to_string(p.head_dim) +
+                                " is not supported (supported: " + list + ")");
+  }
+}
+
+void require_grid_rows(const std::string& stage, const Problem& p) {
+  if (p.heads > 65535 || p.batch > 65535)
+    throw std::invalid_argument(stage + ": " +
+                                (p.heads > 65535 ? "heads = " + std::to_string(p.heads)
+                                                 : "batch = " + std::to_string(p.batch)) +
+                                " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
+}
+
 bool have_gpu() {
   int n = 0;
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

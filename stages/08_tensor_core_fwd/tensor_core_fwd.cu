@@ -433,19 +433,8 @@ void with_head_dim(const Problem& p, const Options& o, Fn&& fn) {
 
 /// Every refusal happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  p.validate(kStageName);
-  if (dtype != Dtype::BF16 && dtype != Dtype::F16)
-    throw std::invalid_argument(std::string(kStageName) + ": dtype " + dtype_name(dtype) +
-                                " is not supported (tensor cores take bf16 or f16)");
-  const auto& dims = supported_head_dims();
-  if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end())
-    throw std::invalid_argument(std::string(kStageName) + ": head_dim = " + std::to_string(p.head_dim) +
-                                " is not supported (supported: 32, 64, 96, 128, 256)");
-  if (p.heads > 65535 || p.batch > 65535)
-    throw std::invalid_argument(std::string(kStageName) + ": " +
-                                (p.heads > 65535 ? "heads = " + std::to_string(p.heads)
-                                                 : "batch = " + std::to_string(p.batch)) +
-                                " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
+  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_grid_rows(kStageName, p);
 }
 
 void check_pointer(const char* name, const void* ptr, size_t alignment) {

@@ -825,14 +825,7 @@ int64_t dq_blocks(const Problem& p, int block_m) {
 
 /// Every refusal of a problem happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  p.validate(kStageName);
-  if (dtype != Dtype::BF16 && dtype != Dtype::F16)
-    throw std::invalid_argument(std::string(kStageName) + ": dtype " + dtype_name(dtype) +
-                                " is not supported (tensor cores take bf16 or f16)");
-  const auto& dims = supported_head_dims();
-  if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end())
-    throw std::invalid_argument(std::string(kStageName) + ": head_dim = " + std::to_string(p.head_dim) +
-                                " is not supported (supported: 64, 128)");
+  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
   const int64_t blocks = std::max(dkdv_blocks(p, 64), dq_blocks(p, 64));  // the smallest tiles give the most blocks
   if (blocks > INT_MAX)
     throw std::invalid_argument(std::string(kStageName) + ": the problem needs " + std::to_string(blocks) +
