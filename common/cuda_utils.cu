@@ -84,6 +84,18 @@ void require_grid_rows(const std::string& stage, const Problem& p) {
                                 " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
 }
 
+void require_hopper(const std::string& stage) {
+  require_gpu(stage);
+  int device = 0, major = 0, minor = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9)
+    throw std::runtime_error(stage + ": needs a Hopper GPU (compute capability 9.x: wgmma, TMA, setmaxnreg); device " +
+                             std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
+                             std::to_string(minor));
+}
+
 bool have_gpu() {
   int n = 0;
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

@@ -88,6 +88,11 @@ void require_tensor_core_request(const std::string& stage, const Problem& p, Dty
 /// batch (gridDim.y and gridDim.z).
 void require_grid_rows(const std::string& stage, const Problem& p);
 
+/// Refuses (std::runtime_error) a current device that is not compute capability 9.x: the
+/// Hopper stages' wgmma, TMA and setmaxnreg exist in the sm_90a target only. Also
+/// require_gpu first.
+void require_hopper(const std::string& stage);
+
 /// True when a CUDA device is present and usable (the failed query's error is cleared).
 bool have_gpu();
 

@@ -513,6 +513,30 @@ def hopper_sweep(bench, stages, quick=False):
     bench.summary += lines
 
 
+def hopper_bwd_sweep(bench, stages, quick=False):
+    """--hopper with stage 11: the backward's steps (11b, the default; 11a as a variant) on the
+    40 points of stage 09, against the backward of SDPA's FlashAttention-2 and cuDNN backends
+    measured in the same run; ratios to both."""
+    print("\n== stage 11 (Hopper backward) against SDPA flash and cuDNN", flush=True)
+    base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
+    steps = [("step", 1)]
+    points = [(dt, d, n, causal) for dt in (("bf16",) if quick else ("f16", "bf16")) for d in (64, 128)
+              for n in ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)) for causal in (False, True)]
+    lines = [f"stage 11 backward, batch·N = 16384, heads·d = 2048: TFLOP/s (2.5 forwards) of each step; for 11b "
+             f"(the default) the ratio to sdpa_flash (FA2) and sdpa_cudnn",
+             f"{'dtype':5s} {'d':>4s} {'N':>6s} {'causal':>6s} {'11a':>7s} {'11b':>7s} {'flash':>7s} {'cudnn':>7s} "
+             f"{'/flash':>7s} {'/cudnn':>7s}"]
+    for dt, d, n, causal in points:
+        st = stages[0]
+        r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base, variants=steps)["bwd"]
+        get = lambda k: r.get(k, (0, float("nan")))[1]
+        t11 = [get(f"{st}[step=1]"), get(st)]
+        fl, cu = get("sdpa_flash"), get("sdpa_cudnn")
+        lines.append(f"{dt:5s} {d:4d} {n:6d} {str(causal):>6s} " + " ".join(f"{t:7.1f}" for t in t11) +
+                     f" {fl:7.1f} {cu:7.1f} {t11[1] / fl:7.2f} {t11[1] / cu:7.2f}")
+    bench.summary += lines
+
+
 def tune_sweep(bench, stages):
     """--tune: the stages' variants side by side (tile shapes, dQ modes, ablations), bf16,
     against sdpa_flash only, to choose defaults and fill the ablation tables."""
@@ -592,7 +616,8 @@ def main():
     ap.add_argument("--schedule09", action="store_true",
                     help="only stage 09's loop schedules and warp layouts against sdpa_flash")
     ap.add_argument("--hopper", action="store_true",
-                    help="stage 10's steps on the 08/09 points plus d = 256, against sdpa_flash and sdpa_cudnn")
+                    help="stage 10's steps on the 08/09 points plus d = 256, and stage 11's on the 09 points, "
+                         "against sdpa_flash and sdpa_cudnn")
     ap.add_argument("--tune", action="store_true",
                     help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()
@@ -627,7 +652,12 @@ def main():
             schedule_sweep(bench, [s for s in chosen if s.startswith("09")])
             chosen = []
         if args.hopper:
-            hopper_sweep(bench, [s for s in chosen if s.startswith("10")], args.quick)
+            fwd10 = [s for s in chosen if s.startswith("10")]
+            bwd11 = [s for s in chosen if s.startswith("11")]
+            if fwd10:
+                hopper_sweep(bench, fwd10, args.quick)
+            if bwd11:
+                hopper_bwd_sweep(bench, bwd11, args.quick)
             chosen = []
         if args.tune:
             tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])

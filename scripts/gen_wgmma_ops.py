@@ -9,8 +9,10 @@ Run it again after changing SHAPES below:  python3 scripts/gen_wgmma_ops.py
 import pathlib
 
 # (A in shared memory "ss" or registers "rs", N): the S = Q·Kᵀ products use ss with N = B_c,
-# the O += P·V products use rs with N = d (stage 10's tile sizes, traits.cuh).
-SHAPES = [("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256)]
+# the O += P·V products use rs with N = d (stage 10's tile sizes, traits.h). "tt" is ss with
+# both operands MN-major (transposed): stage 11's dQ = dS·K reads dSᵀ and K as they lie in
+# shared memory.
+SHAPES = [("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256), ("tt", 64), ("tt", 128)]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 
@@ -27,13 +29,14 @@ def constraints(count):
 def emit(kind, n, ctype, ptx_type):
     acc = n // 2
     out = []
-    if kind == "ss":
-        sig = (f"__device__ inline void wgmma_ss(WgmmaShape<{n}>, {ctype}, float (&d)[{acc}], "
+    if kind in ("ss", "tt"):
+        name = "wgmma_ss" if kind == "ss" else "wgmma_ss_tt"
+        sig = (f"__device__ inline void {name}(WgmmaShape<{n}>, {ctype}, float (&d)[{acc}], "
                f"uint64_t desc_a, uint64_t desc_b, bool accumulate)")
         a_ops = f"%{acc}"
         b_op = f"%{acc + 1}"
         p_op = f"%{acc + 2}"
-        tail = "1, 1, 0, 0"
+        tail = "1, 1, 0, 0" if kind == "ss" else "1, 1, 1, 1"
         inputs = '"l"(desc_a), "l"(desc_b), "r"(int(accumulate))'
     else:
         sig = (f"__device__ inline void wgmma_rs(WgmmaShape<{n}>, {ctype}, float (&d)[{acc}], "
@@ -63,6 +66,8 @@ def main():
         "// wgmma_ss: D[64, N] (+)= A[64, 16] · B[16, N], A and B in shared memory (both K-major).",
         "// wgmma_rs: the same with A in registers (four 32-bit registers of two 16-bit values,",
         "//           the m16n8k16 A layout per warp) and B MN-major (transposed, imm-trans-b = 1).",
+        "// wgmma_ss_tt: wgmma_ss with both operands MN-major (imm-trans-a = imm-trans-b = 1):",
+        "//           A is read as the transpose of what lies in shared memory (16-bit types only).",
         "// `accumulate` = false writes D = A·B (the scale-d predicate), true adds to D.",
         "// The two trailing 1s are imm-scale-a/b (no negation). Include through wgmma.cuh.",
         "#pragma once",

@@ -41,6 +41,10 @@
 #include "hopper_fwd.h"
 #define FA_HAS_10 1
 #endif
+#if __has_include("hopper_bwd.h")
+#include "hopper_bwd.h"
+#define FA_HAS_11 1
+#endif
 #endif
 
 namespace fa {
@@ -62,6 +66,9 @@ const std::vector<StageInfo>& all_stages() {
 #endif
 #ifdef FA_HAS_10
       stage10::info(),
+#endif
+#ifdef FA_HAS_11
+      stage11::info(),
 #endif
   };
   return list;

@@ -25,19 +25,6 @@ void check_request(const Problem& p, Dtype dtype) {
   require_grid_rows(kStageName, p);  // steps 10a–10d: one grid row per head, one layer per batch
 }
 
-/// wgmma and setmaxnreg exist on compute capability 9.0 only (the sm_90a target).
-void require_hopper() {
-  require_gpu(kStageName);
-  int device = 0, major = 0, minor = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9)
-    throw std::runtime_error(std::string(kStageName) + ": needs a Hopper GPU (compute capability 9.x: wgmma, TMA, "
-                             "setmaxnreg); device " + std::to_string(device) + " has compute capability " +
-                             std::to_string(major) + "." + std::to_string(minor));
-}
-
 StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
   switch (step) {
     case Step::A: return step_10a(d, dtype, causal);
@@ -93,15 +80,15 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
     require_device_pointer(kStageName, "K", K, 16, why);
     require_device_pointer(kStageName, "V", V, 16, why);
   }
-  require_hopper();
+  require_hopper(kStageName);
 
   const StepKernel k = kernel_for(options.step, p.head_dim, dtype, p.causal);
   const int64_t q_heads = int64_t(p.batch) * p.heads, kv_heads = int64_t(p.batch) * p.kv_heads;
   FwdParams params{};
-  params.map_q = make_tensor_map(Q, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, "Q");
+  params.map_q = make_tensor_map(Q, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, kStageName, "Q");
   if (p.seq_k > 0) {
-    params.map_k = make_tensor_map(K, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "K");
-    params.map_v = make_tensor_map(V, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, "V");
+    params.map_k = make_tensor_map(K, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, kStageName, "K");
+    params.map_v = make_tensor_map(V, dtype, p.head_dim, p.seq_k, kv_heads, k.block_cols, kStageName, "V");
   } else {  // no key tile is ever loaded; any valid map will do
     params.map_k = params.map_v = params.map_q;
   }
@@ -126,7 +113,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
 
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype) {
   check_request(p, dtype);
-  require_hopper();
+  require_hopper(kStageName);
   const Options o = current_options();
   const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
   FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));

@@ -93,6 +93,22 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
       : "memory");
 }
 
+/// Copies `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from
+/// global memory to shared memory, reported to `bar` like a tensor copy. Stage 11 moves its
+/// per-row statistics (L, D of a query tile) with it.
+__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+
+/// Adds (x, y) to the two consecutive floats at `dst` in global memory, atomically per
+/// element and without a return value (red: the thread does not wait for it). sm_90.
+__device__ inline void red_add_f32x2(float* dst, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+
 /// Asks L2 to fetch the tensor map's 128 bytes early (one thread, at kernel start).
 __device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");

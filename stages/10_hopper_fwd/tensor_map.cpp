@@ -23,7 +23,7 @@ EncodeTiled encode_tiled() {
             cudaSuccess ||
         found != cudaDriverEntryPointSuccess || ptr == nullptr) {
       cudaGetLastError();
-      throw std::runtime_error("10_hopper_fwd: the driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+      throw std::runtime_error("the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+)");
     }
     return reinterpret_cast<EncodeTiled>(ptr);
   }();
@@ -33,7 +33,7 @@ EncodeTiled encode_tiled() {
 }  // namespace
 
 CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64_t heads_total, int box_rows,
-                            const char* what) {
+                            const char* who, const char* what) {
   CUtensorMap map{};
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(seq), cuuint64_t(heads_total)};
   const cuuint64_t strides[2] = {cuuint64_t(d) * 2, cuuint64_t(d) * 2 * cuuint64_t(seq)};  // bytes, dims 1 and 2
@@ -44,7 +44,7 @@ CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64
       const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("10_hopper_fwd: cuTensorMapEncodeTiled refused the map of ") + what +
+    throw std::runtime_error(std::string(who) + ": cuTensorMapEncodeTiled refused the map of " + what +
                              " (error " + std::to_string(int(r)) + ", d = " + std::to_string(d) +
                              ", seq = " + std::to_string(seq) + ", heads = " + std::to_string(heads_total) + ")");
   return map;

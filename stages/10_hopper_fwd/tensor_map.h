@@ -20,9 +20,9 @@
 namespace fa::stage10 {
 
 /// A map of a [heads_total][seq][d] tensor of 16-bit `dtype` at `base` with boxes of
-/// [box_rows, 64], 128-byte swizzle. Throws std::runtime_error naming `what` when the
-/// driver refuses it.
+/// [box_rows, 64], 128-byte swizzle. Throws std::runtime_error naming the stage `who` and
+/// the tensor `what` when the driver refuses it. Stage 11 makes its maps with it too.
 CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64_t heads_total, int box_rows,
-                            const char* what);
+                            const char* who, const char* what);
 
 }  // namespace fa::stage10

@@ -1,0 +1,133 @@
+/// \file bwd_math.cuh
+/// \brief The backward's tile math on wgmma fragments, shared by the steps: Pᵀ and dSᵀ
+/// from Sᵀ and dPᵀ, dSᵀ into shared memory, the dQ product and its reduction into global
+/// memory, and the dK/dV epilogue.
+///
+/// A consumer warpgroup owns 64 keys of the block's tile; its accumulators of Sᵀ and dPᵀ
+/// are [64 keys, B_r queries] with the fragment layout of wgmma.cuh: this thread holds rows
+/// (keys) 16w + g and 16w + g + 8 and columns (queries) 8j + 2t, 8j + 2t + 1, element
+/// 4j + 2r + e. Per-query values (L2, D) are therefore *column* values here, read from
+/// shared memory, while in the forward (rows = queries) they were per-row registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "bwd_traits.h"
+#include "ptx.cuh"
+#include "tile_math.cuh"
+#include "wgmma.cuh"
+
+namespace fa::stage11 {
+
+using namespace fa::hopper;
+using stage10::fast_exp2;
+using stage10::fragment_col;
+using stage10::fragment_row;
+using stage10::pack2;
+using stage10::tile_bytes;
+
+/// In place: Sᵀ becomes Pᵀ = 2^{scale_log2·Sᵀ − L2} and dPᵀ becomes dSᵀ = Pᵀ∘(dPᵀ − D), for
+/// one warpgroup's 64 keys (first key `key0`) against B_r queries (first `query0`); l2 and
+/// dd are the tile's B_r statistics in shared memory. With kMask, Pᵀ = 0 where the key is
+/// past seq_k or (causal) after the row's diagonal. A row that sees no key has L2 = +inf,
+/// so its P is 0 without a mask; a NaN in S, L2 or dP stays NaN.
+//! [dS on fragments]
+template <int B_r, bool kMask, bool kCausal>
+__device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
+                                            const float* dd, int key0, int query0, const BwdParams& p) {
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+    const float2 dv = *reinterpret_cast<const float2*>(dd + fragment_col(j, 0));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * j + 2 * r + e;
+        // LAB BEGIN: dS on fragments — hint: P = 2^{S·scale_log2 − L2 of the column}; with kMask, P = 0 where the key (key0 + row) ≥ seq_k or, causal, key > query + seq_k − seq_q; dS = P·(dP − D of the column)
+        float prob = fast_exp2(fmaf(s[i], p.scale_log2, -(e == 0 ? l.x : l.y)));
+        if (kMask) {
+          const int key = key0 + fragment_row(r), query = query0 + fragment_col(j, e);
+          if (key >= p.seq_k || (kCausal && key > query + p.seq_k - p.seq_q)) prob = 0.f;
+        }
+        s[i] = prob;
+        dp[i] = prob * (dp[i] - (e == 0 ? dv.x : dv.y));
+        // LAB END
+      }
+  }
+}
+//! [dS on fragments]
+
+/// A warpgroup's dSᵀ [64 keys, B_r queries] (fp32 fragments) → the block's dSᵀ tile in
+/// shared memory, rounded to Elem: [B_r/64 column blocks][B_c keys][64 queries], 128-byte
+/// swizzled, rows key_row0 … key_row0 + 63. A warp's 8 rows of one store land in 8
+/// different 16-byte chunks: no bank conflict. The dQ product reads this tile MN-major.
+template <int B_c, int B_r, class Elem>
+__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0) {
+  auto* bytes = reinterpret_cast<unsigned char*>(tile);
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = key_row0 + fragment_row(r), col = fragment_col(j, 0);
+      const uint32_t offset =
+          (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+      *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
+    }
+}
+
+/// dQ block [64 queries, N columns] = dS · K_j over the tile's B_c keys: A = dS, read as
+/// the transpose of column block `m_block` of the dSᵀ tile; B = columns 64·n_block … of
+/// K_j, whose rows are the keys (the reduction) and whose columns are contiguous: both
+/// operands MN-major, so the instruction transposes both (wgmma_ss_tt).
+//! [gemm dq]
+template <int B_c, int N, class Elem>
+__device__ inline void gemm_dq(float (&acc)[N / 2], const Elem* ds_t, int m_block, const Elem* k, int n_block) {
+  const auto* a_bytes = reinterpret_cast<const unsigned char*>(ds_t) + m_block * column_block_bytes(B_c);
+  const auto* b_bytes = reinterpret_cast<const unsigned char*>(k) + n_block * column_block_bytes(B_c);
+#pragma unroll
+  for (int kk = 0; kk < B_c / 16; ++kk) {  // 16 keys per instruction: 16 rows of 128 bytes
+    const uint64_t da = smem_descriptor(a_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
+    const uint64_t db = smem_descriptor(b_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
+    wgmma_ss_tt(WgmmaShape<N>{}, Elem{}, acc, da, db, kk > 0);
+  }
+}
+//! [gemm dq]
+
+/// Adds a warpgroup's dQ block [64, N] to dQ_accum: `rows` points at element (0, 0) of the
+/// block, `stride` floats from one row to the next. Blocks of other key tiles add to the
+/// same elements at the same time, so the additions are atomic: red.global.add on two
+/// floats at a time (no value returned, the warp does not wait).
+//! [dq reduction]
+template <int N>
+__device__ inline void add_dq(const float (&acc)[N / 2], float* rows, int stride) {
+  // LAB BEGIN: the dQ reduction — hint: for every j < N/8 and r: row = fragment_row(r), col = fragment_col(j, 0); red_add_f32x2 at rows + row·stride + col with elements 4j + 2r and 4j + 2r + 1
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      red_add_f32x2(rows + fragment_row(r) * stride + fragment_col(j, 0), acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+  // LAB END
+}
+//! [dq reduction]
+
+/// Writes a warpgroup's [64, d] accumulator times `mul` as Elem into rows row0 … row0 + 63
+/// of head `head` of out ([heads][rows][d]), skipping rows ≥ rows (dK_j, dV_j; dQ_i in
+/// the deterministic pass).
+template <int d, class Elem>
+__device__ inline void write_rows(const float (&acc)[d / 2], float mul, void* out, int64_t head, int row0, int rows) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int at = row0 + fragment_row(r);
+    if (at >= rows) continue;
+    auto* row = reinterpret_cast<uint32_t*>(static_cast<Elem*>(out) + (head * rows + at) * int64_t(d));
+#pragma unroll
+    for (int j = 0; j < d / 8; ++j) row[fragment_col(j, 0) / 2] = pack2<Elem>(mul * acc[4 * j + 2 * r], mul * acc[4 * j + 2 * r + 1]);
+  }
+}
+
+}  // namespace fa::stage11

@@ -1,0 +1,137 @@
+/// \file bwd_pipeline.cuh
+/// \brief The block's shared-memory plan and the loads of the backward: K_j and V_j once,
+/// then per step a query tile's Q_i, dO_i and statistics (L2_i, D_i) into a ring of
+/// kStages buffers, each completing on its own mbarrier.
+///
+///   kv_full        K_j and V_j landed (TMA, once per block)
+///   full[s]        buffer s holds step n's Q_i, dO_i, L2_i, D_i (TMA + two bulk copies)
+///   empty[s]       every computing warp is done with buffer s (one arrival per warp)
+/// Step n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1, as
+/// in stage 10's K/V ring (pipeline.cuh); here the stream is of query tiles, not keys.
+#pragma once
+
+#include <cstdint>
+
+#include "bwd_schedule.h"
+#include "bwd_traits.h"
+#include "ptx.cuh"
+#include "traits.h"
+
+namespace fa::stage11 {
+
+using namespace fa::hopper;
+using stage10::tile_bytes;
+
+/// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
+template <int d, int B_c, int B_r, int kStages, int kDsBuffers>
+struct BwdPlan {
+  static constexpr uint32_t k = 0;                                          // K_j [d/64][B_c][64]
+  static constexpr uint32_t v = k + tile_bytes(B_c, d);                     // V_j, like K
+  static constexpr uint32_t q = v + tile_bytes(B_c, d);                     // Q_i [kStages][d/64][B_r][64]
+  static constexpr uint32_t dO = q + kStages * tile_bytes(B_r, d);          // dO_i, like Q
+  static constexpr uint32_t ds = dO + kStages * tile_bytes(B_r, d);         // dSᵀ [kDsBuffers][B_r/64][B_c][64]
+  static constexpr uint32_t l2 = ds + kDsBuffers * tile_bytes(B_c, B_r);    // L2_i [kStages][B_r] fp32
+  static constexpr uint32_t dd = l2 + kStages * B_r * 4;                    // D_i, like L2
+  static constexpr uint32_t barriers = dd + kStages * B_r * 4;              // kv_full, full[S], empty[S]
+  static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages);
+  static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
+  static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
+  /// Bytes that land in full[s] per step: Q_i, dO_i, L2_i, D_i.
+  static constexpr uint32_t step_bytes = 2 * tile_bytes(B_r, d) + 2 * B_r * 4;
+};
+
+/// Pointers into the plan for one block.
+template <int d, int B_c, int B_r, int kStages, int kDsBuffers, class Elem>
+struct BwdShared {
+  using Plan = BwdPlan<d, B_c, B_r, kStages, kDsBuffers>;
+  Elem *k, *v, *q, *dO, *ds;
+  float *l2, *dd;
+  uint64_t *kv_full, *full, *empty;
+
+  __device__ explicit BwdShared(unsigned char* raw) {
+    // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
+    unsigned char* base = raw + ((1024 - smem_address(raw) % 1024) % 1024);
+    k = reinterpret_cast<Elem*>(base + Plan::k);
+    v = reinterpret_cast<Elem*>(base + Plan::v);
+    q = reinterpret_cast<Elem*>(base + Plan::q);
+    dO = reinterpret_cast<Elem*>(base + Plan::dO);
+    ds = reinterpret_cast<Elem*>(base + Plan::ds);
+    l2 = reinterpret_cast<float*>(base + Plan::l2);
+    dd = reinterpret_cast<float*>(base + Plan::dd);
+    kv_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
+    full = kv_full + 1;
+    empty = full + kStages;
+  }
+  __device__ Elem* q_stage(int s) const { return q + s * B_r * d; }
+  __device__ Elem* do_stage(int s) const { return dO + s * B_r * d; }
+  __device__ Elem* ds_buffer(int b) const { return ds + b * B_c * B_r; }
+  __device__ float* l2_stage(int s) const { return l2 + s * B_r; }
+  __device__ float* dd_stage(int s) const { return dd + s * B_r; }
+
+  /// One thread: every barrier's arrival count, made visible to the copy engine.
+  /// `computing_warps` arrive on empty[s] once each per use.
+  __device__ void init_barriers(int computing_warps) const {
+    mbarrier_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], computing_warps);
+    }
+    fence_barrier_init();
+  }
+
+  /// One thread: K_j and V_j (keys key0 … key0 + B_c − 1 of kv head bkv) onto kv_full.
+  __device__ void load_kv(const BwdParams& p, int key0, int bkv) const {
+    mbarrier_arrive_expect_tx(kv_full, 2 * tile_bytes(B_c, d));
+#pragma unroll
+    for (int c = 0; c < d / 64; ++c) {
+      tma_load_3d(reinterpret_cast<unsigned char*>(k) + c * column_block_bytes(B_c), &p.map_k, kv_full, 64 * c, key0,
+                  bkv);
+      tma_load_3d(reinterpret_cast<unsigned char*>(v) + c * column_block_bytes(B_c), &p.map_v, kv_full, 64 * c, key0,
+                  bkv);
+    }
+  }
+
+  /// One thread: query tile i of head bh (Q_i, dO_i in boxes of 64 rows, L2_i, D_i) into
+  /// buffer s, completing on full[s]. Rows past seq_q read as zeros (Q, dO) or padding.
+  __device__ void load_step(const BwdParams& p, int s, int bh, int i) const {
+    mbarrier_arrive_expect_tx(&full[s], Plan::step_bytes);
+#pragma unroll
+    for (int c = 0; c < d / 64; ++c)
+#pragma unroll
+      for (int w = 0; w < B_r / 64; ++w) {
+        const uint32_t at = c * column_block_bytes(B_r) + w * 64 * 128;
+        tma_load_3d(reinterpret_cast<unsigned char*>(q_stage(s)) + at, &p.map_q, &full[s], 64 * c, i * B_r + 64 * w, bh);
+        tma_load_3d(reinterpret_cast<unsigned char*>(do_stage(s)) + at, &p.map_do, &full[s], 64 * c, i * B_r + 64 * w,
+                    bh);
+      }
+    const int64_t stats = int64_t(bh) * p.n_q_pad + int64_t(i) * B_r;
+    bulk_load(l2_stage(s), p.L2 + stats, B_r * 4, &full[s]);
+    bulk_load(dd_stage(s), p.D + stats, B_r * 4, &full[s]);
+  }
+};
+
+/// The block's work: key tile blockIdx.x of kv head blockIdx.y in batch blockIdx.z, and
+/// its steps: every query head of the kv head's group (grouped-query attention: dK_j and
+/// dV_j sum them), and for each the query tiles that meet the key tile.
+struct BlockWork {
+  int key0, bkv;
+  int first_bh;  ///< batch·heads + the group's first query head
+  QueryTiles tiles;
+  int steps;  ///< group size × tiles.count
+  __device__ int bh(int n) const { return first_bh + n / tiles.count; }
+  __device__ int tile(int n) const { return tiles.first + n % tiles.count; }
+};
+
+template <int B_c, int B_r, bool kCausal>
+__device__ inline BlockWork block_work(const BwdParams& p) {
+  const int group = p.heads / p.kv_heads;
+  BlockWork w;
+  w.key0 = int(blockIdx.x) * B_c;
+  w.bkv = int(blockIdx.z) * p.kv_heads + int(blockIdx.y);
+  w.first_bh = int(blockIdx.z) * p.heads + int(blockIdx.y) * group;
+  w.tiles = query_tiles(w.key0, B_c, B_r, p.seq_q, p.seq_k, kCausal);
+  w.steps = w.tiles.count > 0 ? group * w.tiles.count : 0;
+  return w;
+}
+
+}  // namespace fa::stage11
