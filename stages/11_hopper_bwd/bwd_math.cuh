@@ -30,37 +30,58 @@ using stage10::fragment_row;
 using stage10::pack2;
 using stage10::tile_bytes;
 
-/// In place: Sᵀ becomes Pᵀ = 2^{scale_log2·Sᵀ − L2} and dPᵀ becomes dSᵀ = Pᵀ∘(dPᵀ − D), for
-/// one warpgroup's 64 keys (first key `key0`) against B_r queries (first `query0`); l2 and
-/// dd are the tile's B_r statistics in shared memory. With kMask, Pᵀ = 0 where the key is
-/// past seq_k or (causal) after the row's diagonal. A row that sees no key has L2 = +inf,
-/// so its P is 0 without a mask; a NaN in S, L2 or dP stays NaN.
-//! [dS on fragments]
+/// In place: Sᵀ becomes Pᵀ = 2^{scale_log2·Sᵀ − L2} for one warpgroup's 64 keys (first
+/// key `key0`) against B_r queries (first `query0`); l2 holds the tile's B_r values of L2
+/// in shared memory. With kMask, Pᵀ = 0 where the key is past seq_k or (causal) after the
+/// row's diagonal. A row that sees no key has L2 = +inf, so its P is 0 without a mask; a
+/// NaN in S or L2 stays NaN.
 template <int B_r, bool kMask, bool kCausal>
-__device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
-                                            const float* dd, int key0, int query0, const BwdParams& p) {
+__device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, int key0, int query0, const BwdParams& p) {
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j) {
     const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * r + e];
+        x = fast_exp2(fmaf(x, p.scale_log2, -(e == 0 ? l.x : l.y)));
+        if (kMask) {
+          const int key = key0 + fragment_row(r), query = query0 + fragment_col(j, e);
+          if (key >= p.seq_k || (kCausal && key > query + p.seq_k - p.seq_q)) x = 0.f;
+        }
+      }
+  }
+}
+
+/// In place: dPᵀ becomes dSᵀ = Pᵀ∘(dPᵀ − D), D the tile's B_r values of rowsum(dO∘O) in
+/// shared memory (a column value here). A NaN in P, dP or D stays NaN.
+//! [dS on fragments]
+template <int B_r>
+__device__ inline void ds_from_dp(const float (&prob)[B_r / 2], float (&dp)[B_r / 2], const float* dd) {
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j) {
     const float2 dv = *reinterpret_cast<const float2*>(dd + fragment_col(j, 0));
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * j + 2 * r + e;
-        // LAB BEGIN: dS on fragments — hint: P = 2^{S·scale_log2 − L2 of the column}; with kMask, P = 0 where the key (key0 + row) ≥ seq_k or, causal, key > query + seq_k − seq_q; dS = P·(dP − D of the column)
-        float prob = fast_exp2(fmaf(s[i], p.scale_log2, -(e == 0 ? l.x : l.y)));
-        if (kMask) {
-          const int key = key0 + fragment_row(r), query = query0 + fragment_col(j, e);
-          if (key >= p.seq_k || (kCausal && key > query + p.seq_k - p.seq_q)) prob = 0.f;
-        }
-        s[i] = prob;
-        dp[i] = prob * (dp[i] - (e == 0 ? dv.x : dv.y));
+        // LAB BEGIN: dS on fragments — hint: element i of this thread is (key row r, query column 8j + 2t + e); dS = P·(dP − D of that column)
+        dp[i] = prob[i] * (dp[i] - (e == 0 ? dv.x : dv.y));
         // LAB END
       }
   }
 }
 //! [dS on fragments]
+
+/// Both of the above, for the steps that wait for Sᵀ and dPᵀ together (11a, 11b).
+template <int B_r, bool kMask, bool kCausal>
+__device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
+                                            const float* dd, int key0, int query0, const BwdParams& p) {
+  probabilities<B_r, kMask, kCausal>(s, l2, key0, query0, p);
+  ds_from_dp<B_r>(s, dp, dd);
+}
 
 /// A warpgroup's dSᵀ [64 keys, B_r queries] (fp32 fragments) → the block's dSᵀ tile in
 /// shared memory, rounded to Elem: [B_r/64 column blocks][B_c keys][64 queries], 128-byte

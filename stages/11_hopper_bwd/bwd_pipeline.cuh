@@ -134,4 +134,33 @@ __device__ inline BlockWork block_work(const BwdParams& p) {
   return w;
 }
 
+/// Warp specialization (steps 11b, 11c): warpgroup 0 is the producer (one of its threads
+/// issues every copy), warpgroups 1 and 2 are consumers of 64 keys each. Registers after
+/// setmaxnreg: 65 536 / 384 threads = 170 at launch; the producer drops to 24, the
+/// consumers rise to 240 (128·24 + 256·240 ≤ 65 536).
+struct Specialized {
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
+  static constexpr int kConsumersBarrier = 1;  ///< named barrier of the two consumer warpgroups
+  template <int d, class Elem>
+  using Shared = BwdShared<d, BwdTile<d>::kBlockN, BwdTile<d>::kBlockM, BwdTile<d>::kStages, 2, Elem>;
+
+  /// The producer's loop (one thread): K_j and V_j, then each step's query tile into the
+  /// ring as soon as its buffer is released.
+  template <int d, class Elem>
+  __device__ static void produce(const Shared<d, Elem>& sm, const BwdParams& p, const BlockWork& work) {
+    constexpr int kStages = BwdTile<d>::kStages;
+    //! [producer loop]
+    sm.load_kv(p, work.key0, work.bkv);
+    for (int n = 0; n < work.steps; ++n) {
+      const int s = n % kStages;
+      mbarrier_wait(&sm.empty[s], ((n / kStages) & 1) ^ 1);  // the consumers released buffer s
+      sm.load_step(p, s, work.bh(n), work.tile(n));
+    }
+    //! [producer loop]
+  }
+};
+
 }  // namespace fa::stage11

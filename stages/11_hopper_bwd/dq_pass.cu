@@ -26,7 +26,8 @@ namespace fa::stage11 {
 
 namespace {
 
-constexpr int kBlockMDq = 64, kBlockNDq = 64, kStagesDq = 2;
+// B_c is the main kernel's, whose K and V tensor maps (boxes of B_c rows) this kernel shares.
+constexpr int kBlockMDq = 64, kBlockNDq = 128, kStagesDq = 2;
 
 /// Byte offsets in the block's dynamic shared memory (base 1024-aligned).
 template <int d>
@@ -37,6 +38,7 @@ struct PlanDq {
   static constexpr uint32_t v = k + kStagesDq * tile_bytes(kBlockNDq, d);  // V_j, like K
   static constexpr uint32_t barriers = v + kStagesDq * tile_bytes(kBlockNDq, d);  // q_full, kv_full[2]
   static constexpr uint32_t bytes_to_allocate = barriers + 8 * (1 + kStagesDq) + 1024;
+  static_assert(bytes_to_allocate <= 227 * 1024, "more shared memory than a block may have");
 };
 
 }  // namespace

@@ -1,28 +1,29 @@
-// Stage 11, step 11b (the final design) — warp specialization: a producer warp streams
-// the query tiles, two consumer warpgroups share a key tile of B_c = 128.
+// Stage 11, step 11c (the final design) — overlap: the exponentials run under the dPᵀ
+// product, and the dQ atomics under the dV and dK products.
 //
-// What changed from 11a, and why: in 11a the warpgroup that computed also issued the
-// copies, one step ahead, and 64 keys gave each Q_i/dO_i tile little reuse: every query
-// tile was read once per 64 keys. Here the block has three warpgroups. Warpgroup 0 is the
-// producer: one of its threads loads K_j, V_j once and then runs up to kStages query tiles
-// ahead, waiting only for a buffer to be released. Warpgroups 1 and 2 are consumers, 64
-// keys each, so each Q_i/dO_i tile now serves 128 keys. setmaxnreg moves registers from the
-// producer to the consumers, which hold dK_j and dV_j (2 × 64 × d fp32 between them) for
-// the block's whole life. The consumers meet once per step: dQ_i = dS·K_j needs the dSᵀ
-// rows of both, so each writes its half to shared memory and a named barrier joins them;
-// then each computes one [64, 64] block of dQ_i (at d = 128 the two column halves, at
-// d = 64 with B_r = 128 the two row halves) and adds it to dQ_accum. dSᵀ has two buffers,
-// so the barrier of step n + 1 is the one that says both warpgroups are done reading step
-// n − 1's: one barrier per step.
+// What changed from 11b, and why: 11b's consumers issued Sᵀ and dPᵀ together and waited
+// for both before the first exponential, and waited for all of dV, dK and dQ before the
+// first atomic: the tensor cores and the special-function and memory units took turns
+// inside each warpgroup, and with both warpgroups meeting at the dSᵀ barrier every step
+// they mostly took the same turns at the same time. Here every wait is for exactly the
+// product whose result comes next, so the work that does not need the tensor cores runs
+// while they do:
+//   - Sᵀ and dPᵀ are committed as two groups: Pᵀ = 2^{…} needs only Sᵀ (wait<1>), and its
+//     exponentials run while dPᵀ is still being computed;
+//   - after the dSᵀ barrier, dQ is issued first and dV, dK after it, again as two groups:
+//     the red.add of the dQ block (wait<1>) goes out while dV and dK are computed.
+// The products, tiles and their order of additions are 11b's: the two steps give the same
+// bits.
 //
-//   producer (1 thread):  load K_j, V_j; for each step n: wait empty[s]; load Q_i, dO_i, L2_i, D_i
-//   consumer c (keys 64c … 64c + 63 of the tile):  wait K_j, V_j
-//     for each step n (query tile i, buffer s):
-//       wait full[s];  Sᵀ = K_c·Q_iᵀ, dPᵀ = V_c·dO_iᵀ (wgmma, wait);  Pᵀ, dSᵀ (mask on-diagonal tiles)
-//       dSᵀ → shared buffer n % 2;  dV_c += Pᵀ·dO_i;  dK_c += dSᵀ·Q_i  (wgmma)
-//       named barrier (both consumers);  dQ block c = dS·K_j (wgmma, wait);  release buffer s
-//       red.add the dQ block into dQ_accum
-//     write dV_c and scale·dK_c
+//   producer (1 thread): as 11b
+//   consumer c (keys 64c … 64c + 63 of the tile), for each step n (query tile i, buffer s):
+//     wait full[s];  issue Sᵀ = K_c·Q_iᵀ; commit;  issue dPᵀ = V_c·dO_iᵀ; commit
+//     wait<1> (Sᵀ);  Pᵀ (mask on-diagonal tiles)          ← dPᵀ still running
+//     wait<0> (dPᵀ); dSᵀ;  dSᵀ → shared buffer n % 2;  named barrier (both consumers)
+//     issue dQ block c = dS·K_j; commit;  issue dV_c += Pᵀ·dO_i, dK_c += dSᵀ·Q_i; commit
+//     wait<1> (dQ);  red.add the dQ block into dQ_accum     ← dV, dK still running
+//     wait<0>;  release buffer s
+//   write dV_c and scale·dK_c
 //
 // Run: ./build/stages/11_hopper_bwd/stage11 --dtype bf16 --head-dim 128 --seq-q 4096 --seq-k 4096 --backward --bench
 #include <cuda_bf16.h>
@@ -36,22 +37,14 @@
 
 namespace fa::stage11 {
 
-namespace {
-/// Registers after setmaxnreg: 65 536 / 384 threads = 170 at launch; the producer drops
-/// to 24, the consumers rise to 240 (128·24 + 256·240 ≤ 65 536).
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-constexpr int kThreads11b = 3 * 128;
-constexpr int kConsumersBarrier = 1;  // named barrier of the two consumer warpgroups
-template <int d, class Elem>
-using Shared11b = BwdShared<d, BwdTile<d>::kBlockN, BwdTile<d>::kBlockM, BwdTile<d>::kStages, 2, Elem>;
-}  // namespace
+using S11c = Specialized;
 
-/// kWithDq = false (deterministic mode): dK_j and dV_j only; dQ comes from dq_pass.cu.
+/// kWithDq = false (the deterministic mode): dK_j and dV_j only; dQ comes from dq_pass.cu.
 template <int d, class Elem, bool kCausal, bool kWithDq = true>
-__global__ void __launch_bounds__(kThreads11b, 1) bwd_11b(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(S11c::kThreads, 1) bwd_11c(const __grid_constant__ BwdParams p) {
   constexpr int B_c = BwdTile<d>::kBlockN, B_r = BwdTile<d>::kBlockM, kStages = BwdTile<d>::kStages;
   extern __shared__ unsigned char smem[];
-  const Shared11b<d, Elem> sm(smem);
+  const S11c::Shared<d, Elem> sm(smem);
   const BlockWork work = block_work<B_c, B_r, kCausal>(p);
   const int warpgroup = threadIdx.x / 128;
 
@@ -59,19 +52,12 @@ __global__ void __launch_bounds__(kThreads11b, 1) bwd_11b(const __grid_constant_
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (warpgroup == 0) {  // ---- producer ----
-    setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      sm.load_kv(p, work.key0, work.bkv);
-      for (int n = 0; n < work.steps; ++n) {
-        const int s = n % kStages;
-        mbarrier_wait(&sm.empty[s], ((n / kStages) & 1) ^ 1);  // the consumers released buffer s
-        sm.load_step(p, s, work.bh(n), work.tile(n));
-      }
-    }
+    setmaxnreg_dec<S11c::kProducerRegisters>();
+    if (threadIdx.x == 0) S11c::produce<d>(sm, p, work);
     return;
   }
   // ---- consumer c: keys [64c, 64c + 64) of the tile ----
-  setmaxnreg_inc<kConsumerRegisters>();
+  setmaxnreg_inc<S11c::kConsumerRegisters>();
   const int c = warpgroup - 1, key0 = work.key0 + 64 * c;
   const Elem* k_rows = sm.k + 64 * c * 64;  // this warpgroup's rows of column block 0 (for Sᵀ)
   const Elem* v_rows = sm.v + 64 * c * 64;
@@ -88,33 +74,40 @@ __global__ void __launch_bounds__(kThreads11b, 1) bwd_11b(const __grid_constant_
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
     gemm_qk<d, B_r>(st, k_rows, B_c, sm.q_stage(s));
+    wgmma_commit();
     gemm_qk<d, B_r>(dpt, v_rows, B_c, sm.do_stage(s));
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // Sᵀ is done; dPᵀ may still run
     fence_registers(st);
-    fence_registers(dpt);
-
     if (i < work.tiles.first_unmasked)
-      probabilities_and_ds<B_r, true, kCausal>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), key0, query0, p);
+      probabilities<B_r, true, kCausal>(st, sm.l2_stage(s), key0, query0, p);
     else
-      probabilities_and_ds<B_r, false, kCausal>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), key0, query0, p);
-    uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ, dSᵀ as A fragments
+      probabilities<B_r, false, kCausal>(st, sm.l2_stage(s), key0, query0, p);
+    uint32_t p_frag[B_r / 16][4];  // Pᵀ as A fragments
     stage10::pack_p<B_r, Elem>(st, p_frag);
+    wgmma_wait<0>();
+    fence_registers(dpt);
+    ds_from_dp<B_r>(st, dpt, sm.dd_stage(s));
+    uint32_t ds_frag[B_r / 16][4];  // dSᵀ as A fragments
     stage10::pack_p<B_r, Elem>(dpt, ds_frag);
+
+    float dq[32];  // this warpgroup's [64, 64] block of dQ_i from this key tile
     if constexpr (kWithDq) {
       store_ds<B_c, B_r>(dpt, ds, 64 * c);
       fence_proxy_async_smem();  // the generic stores of dSᵀ, before wgmma reads them
+      named_barrier_sync(S11c::kConsumersBarrier, 256);  // both halves of dSᵀ are in shared memory
+      wgmma_fence();
+      gemm_dq<B_c, 64>(dq, ds, dq_rows, sm.k, dq_cols);
+      wgmma_commit();
     }
-
     wgmma_fence();
     gemm_pv<d, B_r>(dv, p_frag, sm.do_stage(s));
     gemm_pv<d, B_r>(dk, ds_frag, sm.q_stage(s));
     wgmma_commit();
-    float dq[32];  // this warpgroup's [64, 64] block of dQ_i from this key tile
     if constexpr (kWithDq) {
-      named_barrier_sync(kConsumersBarrier, 256);  // both halves of dSᵀ are in shared memory
-      gemm_dq<B_c, 64>(dq, ds, dq_rows, sm.k, dq_cols);
-      wgmma_commit();
+      wgmma_wait<1>();  // dQ is done; dV and dK may still run
+      fence_registers(dq);
+      add_dq<64>(dq, p.dQ_accum + (int64_t(bh) * p.n_q_pad + query0 + 64 * dq_rows) * d + 64 * dq_cols, d);
     }
     wgmma_wait<0>();
     fence_registers(dv);
@@ -122,24 +115,20 @@ __global__ void __launch_bounds__(kThreads11b, 1) bwd_11b(const __grid_constant_
     stage10::fence_fragments(p_frag);
     stage10::fence_fragments(ds_frag);
     if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.empty[s]);  // this warp is done with buffer s
-    if constexpr (kWithDq) {
-      fence_registers(dq);
-      add_dq<64>(dq, p.dQ_accum + (int64_t(bh) * p.n_q_pad + query0 + 64 * dq_rows) * d + 64 * dq_cols, d);
-    }
   }
   write_rows<d, Elem>(dv, 1.f, p.dV, work.bkv, key0, p.seq_k);
   write_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, key0, p.seq_k);
 }
 
-StepKernel step_11b(int d, Dtype dtype, bool causal, bool with_dq) {
-  return make_step_kernel(d, dtype, "11b", [&](auto dim, auto elem) {
+StepKernel step_11c(int d, Dtype dtype, bool causal, bool with_dq) {
+  return make_step_kernel(d, dtype, "11c", [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    constexpr size_t smem = Shared11b<D, Elem>::Plan::bytes_to_allocate;
+    constexpr size_t smem = S11c::Shared<D, Elem>::Plan::bytes_to_allocate;
     if (!with_dq)
-      return step_kernel(causal, bwd_11b<D, Elem, true, false>, bwd_11b<D, Elem, false, false>, kThreads11b,
+      return step_kernel(causal, bwd_11c<D, Elem, true, false>, bwd_11c<D, Elem, false, false>, S11c::kThreads,
                          BwdTile<D>::kBlockN, BwdTile<D>::kBlockM, smem);
-    return step_kernel(causal, bwd_11b<D, Elem, true>, bwd_11b<D, Elem, false>, kThreads11b, BwdTile<D>::kBlockN,
+    return step_kernel(causal, bwd_11c<D, Elem, true>, bwd_11c<D, Elem, false>, S11c::kThreads, BwdTile<D>::kBlockN,
                        BwdTile<D>::kBlockM, smem);
   });
 }

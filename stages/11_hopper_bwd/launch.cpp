@@ -31,11 +31,12 @@ void check_request(const Problem& p, Dtype dtype) {
 }
 
 StepKernel kernel_for(const Options& o, int d, Dtype dtype, bool causal) {
-  if (o.deterministic && o.step == Step::A)
-    throw std::invalid_argument(std::string(kStageName) +
-                                ": the deterministic mode is built on step 11b (auto) only (asked: step 11a)");
+  if (o.deterministic && (o.step == Step::A || o.step == Step::B))
+    throw std::invalid_argument(std::string(kStageName) + ": the deterministic mode is built on step 11c (auto) only (asked: step " +
+                                step_names()[size_t(o.step)] + ")");
   if (o.step == Step::A) return step_11a(d, dtype, causal);
-  return step_11b(d, dtype, causal, !o.deterministic);
+  if (o.step == Step::B) return step_11b(d, dtype, causal);
+  return step_11c(d, dtype, causal, !o.deterministic);
 }
 
 /// The main kernels: one block per (key tile, kv head, batch).
@@ -59,7 +60,7 @@ void launch(const StepKernel& k, dim3 grid, BwdParams& params, cudaStream_t stre
 }  // namespace
 
 const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "11a", "11b"};
+  static const std::vector<std::string> names{"auto", "11a", "11b", "11c"};
   return names;
 }
 
@@ -137,6 +138,8 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
       launch_convert_dq(prep, dtype, d, stream);
     } else {  // with seq_k = 0 its blocks visit no key tile and write dQ = 0
       const StepKernel dq = dq_pass(d, dtype, p.causal);
+      if (dq.block_cols != k.block_cols)  // it reads K and V through the main kernel's tensor maps
+        throw std::logic_error(std::string(kStageName) + ": the dQ pass and the main kernel disagree on B_c");
       launch(dq, dq_grid_for(p, dq), params, stream);
     }
   }
@@ -149,7 +152,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const StepKernel k = kernel_for(o, p.head_dim, dtype, p.causal);
   FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.emplace_back("step", o.step == Step::Auto ? "11b (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("step", o.step == Step::Auto ? "11c (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_c = " + std::to_string(k.block_cols) + " keys per block, B_r = " +
                                 std::to_string(k.block_rows) + " query rows per step");
   rows.emplace_back("dQ", o.deterministic ? "deterministic: a second kernel sums the key tiles in order"
