@@ -130,16 +130,16 @@ else
     base=$(basename "$prog")
     count=$(FA_TEST_SMALL=1 "$prog" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+" || true)
     pieces[$base]=${count:-0}
-    if [[ $base != test_stage10 ]]; then
+    if [[ $base != test_stage10 && $base != test_stage11 ]]; then
       jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
     fi
   done
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
-    # Stage 10 runs every tool one test case at a time (its matrix covers four kernels in
-    # two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
+    # Stages 10 and 11 run every tool one test case at a time (their matrices cover several
+    # kernels in two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
     per_case=(racecheck)
-    [[ $base == test_stage10 ]] && per_case=(memcheck racecheck initcheck synccheck)
+    [[ $base == test_stage10 || $base == test_stage11 ]] && per_case=(memcheck racecheck initcheck synccheck)
     for tool in "${per_case[@]}"; do
       for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|$tool|${base}_${tool}_$i|$i"); done
     done
@@ -157,9 +157,9 @@ else
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     tools=(memcheck racecheck initcheck)
-    [[ $base == test_stage10 ]] && tools+=(synccheck)
+    [[ $base == test_stage10 || $base == test_stage11 ]] && tools+=(synccheck)
     for tool in "${tools[@]}"; do
-      if [[ $tool == racecheck || $base == test_stage10 ]]; then
+      if [[ $tool == racecheck || $base == test_stage10 || $base == test_stage11 ]]; then
         logs=()
         for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_${tool}_$i"); done
         tests="${pieces[$base]} test cases, one process each"
@@ -201,13 +201,18 @@ else
 fi
 
 # ---- 3b. the Hopper kernels' machine code: wgmma (HGMMA) present, no local memory ------
-sass_lib=$BUILD/stages/10_hopper_fwd/libfa_stage_10.a
-if [[ -f $sass_lib ]] && command -v cuobjdump >/dev/null; then
-  note "SASS of stage 10's kernels (cuobjdump --dump-sass)"
+sass_libs=()
+for lib in $BUILD/stages/10_hopper_fwd/libfa_stage_10.a $BUILD/stages/11_hopper_bwd/libfa_stage_11.a; do
+  [[ -f $lib ]] && sass_libs+=("$lib")
+done
+if ((${#sass_libs[@]} > 0)) && command -v cuobjdump >/dev/null; then
+  note "SASS of the Hopper stages' kernels (cuobjdump --dump-sass)"
   t0=$SECONDS
   sass_file=$(mktemp)
-  cuobjdump --dump-sass "$sass_lib" >"$sass_file" 2>&1 || true
+  for lib in "${sass_libs[@]}"; do cuobjdump --dump-sass "$lib" >>"$sass_file" 2>&1 || true; done
   sass_ok=1
+  # Every kernel of the two libraries uses wgmma, except the small preprocess and convert
+  # kernels of stage 11 (plain loads and stores): they are checked for local memory only.
   sass_rows=$(awk '
     /Function : / { if (name != "") print name, hgmma, local; name = $3; hgmma = 0; local = 0 }
     /HGMMA/ { hgmma++ }
@@ -217,17 +222,19 @@ if [[ -f $sass_lib ]] && command -v cuobjdump >/dev/null; then
   while read -r name hgmma local; do
     [[ -z $name ]] && continue
     kernels=$((kernels + 1))
-    if ((hgmma == 0 || local > 0)); then
+    needs_hgmma=1
+    [[ $name == *preprocess_kernel* || $name == *convert_dq_kernel* ]] && needs_hgmma=0
+    if (( (needs_hgmma && hgmma == 0) || local > 0 )); then
       sass_ok=0
       echo "SASS: $name has $hgmma HGMMA and $local local-memory instructions"
     fi
   done <<<"$sass_rows"
-  echo "SASS: $kernels stage-10 kernels checked"
-  if ((kernels > 0 && sass_ok)); then record sass "ok: $kernels kernels, HGMMA in each, no LDL/STL" $((SECONDS - t0))
+  echo "SASS: $kernels kernels of stages 10 and 11 checked"
+  if ((kernels > 0 && sass_ok)); then record sass "ok: $kernels kernels, HGMMA in each wgmma kernel, no LDL/STL" $((SECONDS - t0))
   else record sass "FAILED (the kernels are named above)" $((SECONDS - t0)); fi
   rm -f "$sass_file"
 else
-  record sass "NOT RUN: no $sass_lib or no cuobjdump" 0
+  record sass "NOT RUN: no Hopper stage library or no cuobjdump" 0
 fi
 
 # ---- 4. benchmark sweep ------------------------------------------------------------------
