@@ -91,7 +91,7 @@ grep -E "^\s*[0-9]+/[0-9]+ Test|tests passed|Total Test time" "$OUT/ctest.log" |
 
 # ---- 3. compute-sanitizer over the GPU test programs, small sizes ----------------------
 gpu_tests=()
-for n in 07 08 09 10; do
+for n in 07 08 09 10 11; do
   [[ -x $BUILD/tests/test_stage$n ]] && gpu_tests+=("$BUILD/tests/test_stage$n")
 done
 # Bad input through the C ABI's device entry points, every GPU stage (a doctest program too).

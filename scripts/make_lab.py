@@ -64,8 +64,11 @@ MANIFEST = ".lab.json"
 # is guarded in every definition of these names (at namespace scope, in the stage's own
 # folder) whose file contains or includes the region. Stages not listed use the default.
 DEFAULT_HOST_ENTRY_POINTS = ("forward", "backward")
-# Stage 10: every step file instantiates its kernel in its step_10x() function.
-HOST_ENTRY_POINTS: dict[str, tuple[str, ...]] = {"10": ("step_10a", "step_10b", "step_10c", "step_10d")}
+# Stages 10 and 11: every step file instantiates its kernel in its step_1Nx() function.
+HOST_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "10": ("step_10a", "step_10b", "step_10c", "step_10d"),
+    "11": ("step_11a", "step_11b", "step_11c"),
+}
 
 # Words that can precede a name at the start of a statement without declaring it.
 NOT_A_TYPE = {

@@ -285,10 +285,7 @@ TEST_CASE("11: the device backward refuses bad pointers, dtypes and head dims be
   fa::Problem bad = p;
   bad.kv_heads = 3;
   refused(bad, fa::Dtype::F16, Q.get(), dQ.get(), Lp, "kv_heads = 3");
-  bad = p;
-  bad.causal = true;
-  bad.seq_k = 64 * 65535 + 1;  // one key tile of 64 more than the causal grid's z holds
-  refused(bad, bf, Q.get(), dQ.get(), Lp, "65535 in z");
+
   FA_CUDA_CHECK(cudaDeviceSynchronize());
   for (const fa::DeviceBuffer* b : {&dQ, &dK, &dV}) {
     std::vector<unsigned char> host(b->bytes());
@@ -375,13 +372,8 @@ TEST_CASE("11: launch report") {
   INFO(all);
   CHECK(all.find("11c (auto)") != std::string::npos);
   CHECK(all.find("B_c = 128 keys per block, B_r = 64") != std::string::npos);
-  CHECK(all.find("grid: 1 x 2 x 3") != std::string::npos);  // causal: kv heads, batch, key tiles (heaviest first)
+  CHECK(all.find("grid: 3 x 1 x 2") != std::string::npos);  // key tiles, kv heads, batch
   CHECK(all.find("registers") != std::string::npos);
-  std::string plain;
-  for (const auto& [key, value] : stage().report(make(2, 3, 1, 130, 300, 128, false), fa::Dtype::BF16))
-    plain += key + ": " + value + "\n";
-  INFO(plain);
-  CHECK(plain.find("grid: 3 x 1 x 2") != std::string::npos);  // no mask: key tiles, kv heads, batch
 }
 
 #endif  // FA_HAVE_CUDA

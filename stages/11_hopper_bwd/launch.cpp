@@ -24,16 +24,10 @@ namespace {
 constexpr const char* kStageName = "11_hopper_bwd";
 using stage10::make_tensor_map;
 
-int64_t key_tiles(const Problem& p, int block_cols);
-
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
   require_grid_rows(kStageName, p);  // one grid row per kv head, one layer per batch
-  if (p.causal && key_tiles(p, 64) > 65535)  // the causal grid's z: key tiles of the smallest B_c
-    throw std::invalid_argument(std::string(kStageName) + ": seq_k = " + std::to_string(p.seq_k) +
-                                " under the causal mask needs " + std::to_string(key_tiles(p, 64)) +
-                                " key tiles of 64, more than the grid's limit of 65535 in z");
 }
 
 StepKernel kernel_for(const Options& o, int d, Dtype dtype, bool causal) {
@@ -47,13 +41,9 @@ StepKernel kernel_for(const Options& o, int d, Dtype dtype, bool causal) {
 
 int64_t key_tiles(const Problem& p, int block_cols) { return (int64_t(p.seq_k) + block_cols - 1) / block_cols; }
 
-/// The main kernels: one block per (key tile, kv head, batch); under the causal mask the key
-/// tile is the slowest index, so that the heaviest blocks start first (bwd_pipeline.cuh,
-/// block_work).
+/// The main kernels: one block per (key tile, kv head, batch) (bwd_pipeline.cuh, block_work).
 dim3 grid_for(const Problem& p, const StepKernel& k) {
-  const auto tiles = unsigned(key_tiles(p, k.block_cols));
-  if (p.causal) return dim3(unsigned(p.kv_heads), unsigned(p.batch), tiles);
-  return dim3(tiles, unsigned(p.kv_heads), unsigned(p.batch));
+  return dim3(unsigned(key_tiles(p, k.block_cols)), unsigned(p.kv_heads), unsigned(p.batch));
 }
 /// The deterministic dQ kernel: one block per (query tile, head, batch).
 dim3 dq_grid_for(const Problem& p, const StepKernel& k) {
