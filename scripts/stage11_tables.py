@@ -17,7 +17,8 @@ def main(path):
         key = (r["dtype"], int(r["head_dim"]), int(r["seq_q"]), r["causal"] == "1")
         t.setdefault(key, {})[r["what"]] = float(r["tflops"])
     st = "11_hopper_bwd"
-    names = [(f"{st}[step=1]", "11a"), (f"{st}[step=2]", "11b"), (st, "11c")]
+    names = [(f"{st}[step=1]", "11a"), (f"{st}[step=2]", "11b"), (st, "11c"),
+             (f"{st}[deterministic=1]", "11c, deterministic")]
     print(f"Steps (bf16, N = 8192, batch 2, heads·d = 2048; {device}), backward TFLOP/s:\n")
     print("| step | d = 64 | d = 64 causal | d = 128 | d = 128 causal |")
     print("|:--|--:|--:|--:|--:|")
