@@ -514,28 +514,29 @@ def hopper_sweep(bench, stages, quick=False):
 
 
 def hopper_bwd_sweep(bench, stages, quick=False):
-    """--hopper with stage 11: the backward's steps (11c, the default; 11a, 11b and the deterministic
+    """--hopper with stage 11: the backward's steps (11d, the default; 11a-11c and the deterministic
     mode as variants) on the
     40 points of stage 09, against the backward of SDPA's FlashAttention-2 and cuDNN backends
     measured in the same run; ratios to both."""
     print("\n== stage 11 (Hopper backward) against SDPA flash and cuDNN", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
-    steps = [("step", 1), ("step", 2), ("deterministic", 1)]
+    steps = [("step", 1), ("step", 2), ("step", 3), ("deterministic", 1)]
     points = [(dt, d, n, causal) for dt in (("bf16",) if quick else ("f16", "bf16")) for d in (64, 128)
               for n in ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)) for causal in (False, True)]
-    lines = [f"stage 11 backward, batch·N = 16384, heads·d = 2048: TFLOP/s (2.5 forwards) of each step; for 11c "
+    lines = [f"stage 11 backward, batch·N = 16384, heads·d = 2048: TFLOP/s (2.5 forwards) of each step; for 11d "
              f"(the default) the ratio to sdpa_flash (FA2) and sdpa_cudnn",
-             f"{'dtype':5s} {'d':>4s} {'N':>6s} {'causal':>6s} {'11a':>7s} {'11b':>7s} {'11c':>7s} {'determ':>7s} "
+             f"{'dtype':5s} {'d':>4s} {'N':>6s} {'causal':>6s} {'11a':>7s} {'11b':>7s} {'11c':>7s} {'11d':>7s} {'determ':>7s} "
              f"{'flash':>7s} {'cudnn':>7s} "
              f"{'/flash':>7s} {'/cudnn':>7s}"]
     for dt, d, n, causal in points:
         st = stages[0]
         r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base, variants=steps)["bwd"]
         get = lambda k: r.get(k, (0, float("nan")))[1]
-        t11 = [get(f"{st}[step=1]"), get(f"{st}[step=2]"), get(st), get(f"{st}[deterministic=1]")]
+        t11 = [get(f"{st}[step=1]"), get(f"{st}[step=2]"), get(f"{st}[step=3]"), get(st),
+               get(f"{st}[deterministic=1]")]
         fl, cu = get("sdpa_flash"), get("sdpa_cudnn")
         lines.append(f"{dt:5s} {d:4d} {n:6d} {str(causal):>6s} " + " ".join(f"{t:7.1f}" for t in t11) +
-                     f" {fl:7.1f} {cu:7.1f} {t11[2] / fl:7.2f} {t11[2] / cu:7.2f}")
+                     f" {fl:7.1f} {cu:7.1f} {t11[3] / fl:7.2f} {t11[3] / cu:7.2f}")
     bench.summary += lines
 
 

@@ -22,7 +22,7 @@ cmake --build $BUILD -j "$(nproc)" --target "${targets[@]}" >>"$OUT/build.log" 2
   { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 S=$BUILD/stages/11_hopper_bwd/stage11
 {
-modes=("--step 11a" "--step 11b" "--step 11c" "--deterministic")
+modes=("--step 11a" "--step 11b" "--step 11c" "--step 11d" "--deterministic")
 for mode in "${modes[@]}"; do
   for args in "--head-dim 64 --seq-q 300 --seq-k 513 --heads 4 --kv-heads 2 --causal" \
               "--head-dim 128 --seq-q 257 --seq-k 1000" \

@@ -114,10 +114,10 @@ s11::Options step(s11::Step s, bool deterministic = false) {
   return o;
 }
 
-// The configurations every correctness test runs: every step with atomics, and the
-// deterministic mode (built on 11c).
+// The configurations every correctness test runs: every step, and the deterministic mode
+// (built on 11d).
 const std::vector<s11::Options> kConfigs = {step(s11::Step::A), step(s11::Step::B), step(s11::Step::C),
-                                            step(s11::Step::C, true)};
+                                            step(s11::Step::D), step(s11::Step::D, true)};
 
 std::string describe(const s11::Options& o) {
   return s11::step_names()[size_t(o.step)] + (o.deterministic ? " deterministic" : " atomics");
@@ -144,11 +144,12 @@ void check_matrix_of(const s11::Options& o) {
 
 TEST_CASE("11: the shared shape matrix with gradients, step 11a, bf16 and f16") { check_matrix_of(kConfigs[0]); }
 TEST_CASE("11: the shared shape matrix with gradients, step 11b, bf16 and f16") { check_matrix_of(kConfigs[1]); }
-TEST_CASE("11: the shared shape matrix with gradients, step 11c (the default), bf16 and f16") {
-  check_matrix_of(kConfigs[2]);
+TEST_CASE("11: the shared shape matrix with gradients, step 11c, bf16 and f16") { check_matrix_of(kConfigs[2]); }
+TEST_CASE("11: the shared shape matrix with gradients, step 11d (the default), bf16 and f16") {
+  check_matrix_of(kConfigs[3]);
 }
 TEST_CASE("11: the shared shape matrix with gradients, deterministic mode, bf16 and f16") {
-  check_matrix_of(kConfigs[3]);
+  check_matrix_of(kConfigs[4]);
 }
 
 TEST_CASE("11: adversarial inputs (large logits, empty rows, constant rows, NaN), every configuration") {
@@ -199,8 +200,8 @@ TEST_CASE("11: the deterministic mode is bitwise reproducible, and its dK, dV ar
         INFO(fa::dtype_name(t) << " " << p.describe());
         fa::Tensors x = fa::Tensors::make(p, 42, fa::Dist::Normal, true);
         fa::Tensors runs[2] = {x, x}, atomic = x;
-        for (auto& y : runs) forward_backward(p, t, y, step(s11::Step::C, true));
-        forward_backward(p, t, atomic, step(s11::Step::C));
+        for (auto& y : runs) forward_backward(p, t, y, step(s11::Step::D, true));
+        forward_backward(p, t, atomic, step(s11::Step::D));
         CHECK_MESSAGE(bitwise_equal(runs[0].dQ, runs[1].dQ), "dQ differs between two deterministic runs");
         CHECK_MESSAGE(bitwise_equal(runs[0].dK, runs[1].dK), "dK differs between two deterministic runs");
         CHECK_MESSAGE(bitwise_equal(runs[0].dV, runs[1].dV), "dV differs between two deterministic runs");
@@ -214,24 +215,28 @@ TEST_CASE("11: the deterministic mode is bitwise reproducible, and its dK, dV ar
     }
 }
 
-TEST_CASE("11: steps 11b and 11c give the same dK and dV bits (same products, same order of additions)") {
-  // 11c only moves waits: a schedule bug that read a buffer too early or released one too
-  // soon would change the bits. (dQ's atomics add in a varying order in both.)
+TEST_CASE("11: steps 11b, 11c and 11d give the same dK and dV bits (same products, same order of additions)") {
+  // 11c only moves waits and 11d only how dQ leaves the block: a schedule bug that read a
+  // buffer too early or released one too soon would change the bits. (dQ's additions land
+  // in a varying order in all three.)
   if (!on_hopper()) return;
   for (const auto& p : {make(2, 4, 2, 300, 513, 128, true), make(1, 2, 1, 257, 1000, 64, false)}) {
-    fa::Tensors x = fa::Tensors::make(p, 17, fa::Dist::Normal, true), y = x;
+    fa::Tensors x = fa::Tensors::make(p, 17, fa::Dist::Normal, true), y = x, z = x;
     forward_backward(p, fa::Dtype::BF16, x, step(s11::Step::B));
     forward_backward(p, fa::Dtype::BF16, y, step(s11::Step::C));
+    forward_backward(p, fa::Dtype::BF16, z, step(s11::Step::D));
     INFO(p.describe());
     CHECK(bitwise_equal(x.dK, y.dK));
     CHECK(bitwise_equal(x.dV, y.dV));
+    CHECK(bitwise_equal(x.dK, z.dK));
+    CHECK(bitwise_equal(x.dV, z.dV));
   }
 }
 
 TEST_CASE("11: the step and deterministic options: names, bounds, refusal of 11a with deterministic") {
-  // (11b is refused the same way; 11a stands for both.)
-  CHECK(s11::step_names() == std::vector<std::string>{"auto", "11a", "11b", "11c"});
-  CHECK_THROWS_AS(stage().set_option("step", 4), std::invalid_argument);
+  // (11b and 11c are refused the same way; 11a stands for them.)
+  CHECK(s11::step_names() == std::vector<std::string>{"auto", "11a", "11b", "11c", "11d"});
+  CHECK_THROWS_AS(stage().set_option("step", 5), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("step", -1), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("tile", 1), std::invalid_argument);
   stage().set_option("deterministic", 1);
@@ -247,7 +252,7 @@ TEST_CASE("11: the step and deterministic options: names, bounds, refusal of 11a
                      x.dQ.data(), x.dK.data(), x.dV.data());
     FAIL("step 11a with the deterministic mode was not refused");
   } catch (const std::invalid_argument& e) {
-    CHECK(std::string(e.what()).find("deterministic mode is built on step 11c") != std::string::npos);
+    CHECK(std::string(e.what()).find("deterministic mode is built on step 11d") != std::string::npos);
   }
 }
 
@@ -340,7 +345,7 @@ TEST_CASE("11: device pointers on a non-default stream give the host path's resu
   const fa::Problem p = make(1, 4, 2, 200, 333, 128, true);
   const fa::Dtype t = fa::Dtype::BF16;
   fa::Tensors x = fa::Tensors::make(p, 9, fa::Dist::Normal, true);
-  forward_backward(p, t, x, step(s11::Step::C, true));  // deterministic: comparable bit for bit
+  forward_backward(p, t, x, step(s11::Step::D, true));  // deterministic: comparable bit for bit
   cudaStream_t stream;
   FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int64_t q = p.q_elems(), kv = p.kv_elems();
@@ -353,7 +358,7 @@ TEST_CASE("11: device pointers on a non-default stream give the host path's resu
   fa::upload(fa::Dtype::F32, x.L.data(), L.get(), p.l_elems(), stream);
   fa::upload(t, x.dO.data(), dO.get(), q, stream);
   s11::backward(p, t, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), dO.get(), dQ.get(), dK.get(), dV.get(),
-                stream, step(s11::Step::C, true));
+                stream, step(s11::Step::D, true));
   std::vector<float> dq(static_cast<size_t>(q)), dk(static_cast<size_t>(kv)), dv(static_cast<size_t>(kv));
   fa::download(t, dQ.get(), dq.data(), q, stream);
   fa::download(t, dK.get(), dk.data(), kv, stream);
@@ -370,7 +375,7 @@ TEST_CASE("11: launch report") {
   for (const auto& [key, value] : stage().report(make(2, 3, 1, 130, 300, 128, true), fa::Dtype::BF16))
     all += key + ": " + value + "\n";
   INFO(all);
-  CHECK(all.find("11c (auto)") != std::string::npos);
+  CHECK(all.find("11d (auto)") != std::string::npos);
   CHECK(all.find("B_c = 128 keys per block, B_r = 64") != std::string::npos);
   CHECK(all.find("grid: 3 x 1 x 2") != std::string::npos);  // key tiles, kv heads, batch
   CHECK(all.find("registers") != std::string::npos);

@@ -109,6 +109,29 @@ __device__ inline void red_add_f32x2(float* dst, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(x), "f"(y) : "memory");
 }
 
+/// Adds `bytes` contiguous fp32 values (a multiple of 16 bytes, both addresses 16-byte
+/// aligned) from shared memory to global memory, element by element, atomically per element:
+/// the reduction happens in L2, in whole lines, without a thread issuing an atomic per
+/// value. Asynchronous: tracked by bulk groups (bulk_commit, bulk_wait_read, bulk_wait).
+__device__ inline void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_address(src)), "r"(bytes)
+               : "memory");
+}
+/// Closes the group of bulk operations this thread issued since the last commit.
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/// Waits until at most kPending of this thread's bulk groups still *read* shared memory
+/// (their source may then be overwritten; the writes to global memory may still be running).
+template <int kPending>
+__device__ inline void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+/// Waits until at most kPending of this thread's bulk groups are unfinished.
+template <int kPending>
+__device__ inline void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 /// Asks L2 to fetch the tensor map's 128 bytes early (one thread, at kernel start).
 __device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");

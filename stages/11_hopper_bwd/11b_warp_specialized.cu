@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(S11b::kThreads, 1) bwd_11b(const __grid_consta
 
   if (warpgroup == 0) {  // ---- producer ----
     setmaxnreg_dec<S11b::kProducerRegisters>();
-    if (threadIdx.x == 0) S11b::produce<d>(sm, p, work);
+    if (threadIdx.x == 0) S11b::produce(sm, p, work);
     return;
   }
   // ---- consumer c: keys [64c, 64c + 64) of the tile ----

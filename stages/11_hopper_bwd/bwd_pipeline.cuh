@@ -22,8 +22,14 @@ namespace fa::stage11 {
 using namespace fa::hopper;
 using stage10::tile_bytes;
 
+/// The dQ staging of step 11d: the two consumers' [64, 64] fp32 blocks of dQ_i, rows
+/// padded from 256 to 288 bytes so that a warp's stores of 8 rows hit different banks.
+constexpr int kStagingRowFloats = 72;
+constexpr uint32_t kStagingBytes = 2 * 64 * kStagingRowFloats * 4;
+
 /// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
-template <int d, int B_c, int B_r, int kStages, int kDsBuffers>
+/// kStaging: room for step 11d's dQ staging and its three barriers.
+template <int d, int B_c, int B_r, int kStages, int kDsBuffers, bool kStaging = false>
 struct BwdPlan {
   static constexpr uint32_t k = 0;                                          // K_j [d/64][B_c][64]
   static constexpr uint32_t v = k + tile_bytes(B_c, d);                     // V_j, like K
@@ -32,8 +38,10 @@ struct BwdPlan {
   static constexpr uint32_t ds = dO + kStages * tile_bytes(B_r, d);         // dSᵀ [kDsBuffers][B_r/64][B_c][64]
   static constexpr uint32_t l2 = ds + kDsBuffers * tile_bytes(B_c, B_r);    // L2_i [kStages][B_r] fp32
   static constexpr uint32_t dd = l2 + kStages * B_r * 4;                    // D_i, like L2
-  static constexpr uint32_t barriers = dd + kStages * B_r * 4;              // kv_full, full[S], empty[S]
-  static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages);
+  static constexpr uint32_t staging = dd + kStages * B_r * 4;              // dQ blocks [2][64][72] fp32
+  static constexpr uint32_t barriers = staging + (kStaging ? kStagingBytes : 0);
+  // kv_full, full[S], empty[S]; with kStaging also dq_full[2], dq_empty
+  static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + (kStaging ? 3 : 0));
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
   /// Bytes that land in full[s] per step: Q_i, dO_i, L2_i, D_i.
@@ -41,12 +49,14 @@ struct BwdPlan {
 };
 
 /// Pointers into the plan for one block.
-template <int d, int B_c, int B_r, int kStages, int kDsBuffers, class Elem>
+template <int d, int B_c, int B_r, int kStages, int kDsBuffers, class Elem, bool kStaging = false>
 struct BwdShared {
-  using Plan = BwdPlan<d, B_c, B_r, kStages, kDsBuffers>;
+  using Plan = BwdPlan<d, B_c, B_r, kStages, kDsBuffers, kStaging>;
+  static constexpr int kRing = kStages;
   Elem *k, *v, *q, *dO, *ds;
-  float *l2, *dd;
+  float *l2, *dd, *staging;
   uint64_t *kv_full, *full, *empty;
+  uint64_t *dq_full, *dq_empty;  ///< kStaging: [2] (128 arrivals: a consumer's threads), and 1 (the writer)
 
   __device__ explicit BwdShared(unsigned char* raw) {
     // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
@@ -58,10 +68,15 @@ struct BwdShared {
     ds = reinterpret_cast<Elem*>(base + Plan::ds);
     l2 = reinterpret_cast<float*>(base + Plan::l2);
     dd = reinterpret_cast<float*>(base + Plan::dd);
+    staging = reinterpret_cast<float*>(base + Plan::staging);
     kv_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
     full = kv_full + 1;
     empty = full + kStages;
+    dq_full = empty + kStages;
+    dq_empty = dq_full + 2;
   }
+  /// Row r of consumer c's dQ block in the staging area.
+  __device__ float* staging_row(int c, int r) const { return staging + (c * 64 + r) * kStagingRowFloats; }
   __device__ Elem* q_stage(int s) const { return q + s * B_r * d; }
   __device__ Elem* do_stage(int s) const { return dO + s * B_r * d; }
   __device__ Elem* ds_buffer(int b) const { return ds + b * B_c * B_r; }
@@ -75,6 +90,11 @@ struct BwdShared {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], computing_warps);
+    }
+    if (kStaging) {
+      mbarrier_init(&dq_full[0], 128);
+      mbarrier_init(&dq_full[1], 128);
+      mbarrier_init(dq_empty, 1);
     }
     fence_barrier_init();
   }
@@ -148,14 +168,15 @@ struct Specialized {
   static constexpr int kConsumerRegisters = 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
   static constexpr int kConsumersBarrier = 1;  ///< named barrier of the two consumer warpgroups
-  template <int d, class Elem>
-  using Shared = BwdShared<d, BwdTile<d>::kBlockN, BwdTile<d>::kBlockM, BwdTile<d>::kStages, 2, Elem>;
+  /// kStaging: with step 11d's dQ staging.
+  template <int d, class Elem, bool kStaging = false>
+  using Shared = BwdShared<d, BwdTile<d>::kBlockN, BwdTile<d>::kBlockM, BwdTile<d>::kStages, 2, Elem, kStaging>;
 
   /// The producer's loop (one thread): K_j and V_j, then each step's query tile into the
   /// ring as soon as its buffer is released.
-  template <int d, class Elem>
-  __device__ static void produce(const Shared<d, Elem>& sm, const BwdParams& p, const BlockWork& work) {
-    constexpr int kStages = BwdTile<d>::kStages;
+  template <class SharedTiles>
+  __device__ static void produce(const SharedTiles& sm, const BwdParams& p, const BlockWork& work) {
+    constexpr int kStages = SharedTiles::kRing;
     //! [producer loop]
     sm.load_kv(p, work.key0, work.bkv);
     for (int n = 0; n < work.steps; ++n) {

@@ -31,12 +31,17 @@ void check_request(const Problem& p, Dtype dtype) {
 }
 
 StepKernel kernel_for(const Options& o, int d, Dtype dtype, bool causal) {
-  if (o.deterministic && (o.step == Step::A || o.step == Step::B))
-    throw std::invalid_argument(std::string(kStageName) + ": the deterministic mode is built on step 11c (auto) only (asked: step " +
+  if (o.deterministic && o.step != Step::Auto && o.step != Step::D)
+    throw std::invalid_argument(std::string(kStageName) + ": the deterministic mode is built on step 11d (auto) only (asked: step " +
                                 step_names()[size_t(o.step)] + ")");
-  if (o.step == Step::A) return step_11a(d, dtype, causal);
-  if (o.step == Step::B) return step_11b(d, dtype, causal);
-  return step_11c(d, dtype, causal, !o.deterministic);
+  switch (o.step) {
+    case Step::A: return step_11a(d, dtype, causal);
+    case Step::B: return step_11b(d, dtype, causal);
+    case Step::C: return step_11c(d, dtype, causal);
+    case Step::D:
+    case Step::Auto: break;
+  }
+  return step_11d(d, dtype, causal, !o.deterministic);
 }
 
 int64_t key_tiles(const Problem& p, int block_cols) { return (int64_t(p.seq_k) + block_cols - 1) / block_cols; }
@@ -62,7 +67,7 @@ void launch(const StepKernel& k, dim3 grid, BwdParams& params, cudaStream_t stre
 }  // namespace
 
 const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "11a", "11b", "11c"};
+  static const std::vector<std::string> names{"auto", "11a", "11b", "11c", "11d"};
   return names;
 }
 
@@ -154,10 +159,12 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const StepKernel k = kernel_for(o, p.head_dim, dtype, p.causal);
   FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.emplace_back("step", o.step == Step::Auto ? "11c (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("step", o.step == Step::Auto ? "11d (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_c = " + std::to_string(k.block_cols) + " keys per block, B_r = " +
                                 std::to_string(k.block_rows) + " query rows per step");
+  const bool bulk = o.step == Step::Auto || o.step == Step::D;
   rows.emplace_back("dQ", o.deterministic ? "deterministic: a second kernel sums the key tiles in order"
+                          : bulk          ? "fp32 blocks added by TMA bulk reductions into a scratch accumulator, then converted"
                                           : "fp32 red.add into a scratch accumulator, then converted");
   const auto launch_rows = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);
   rows.insert(rows.end(), launch_rows.begin(), launch_rows.end());

@@ -32,9 +32,10 @@ const OptionTable& options() {
   static const OptionTable table{
       kStageName,
       {Option::choice("step", step_names(),
-                      "which step of the stage runs: auto (the final design, 11c), 11a (TMA + wgmma, one "
+                      "which step of the stage runs: auto (the final design, 11d), 11a (TMA + wgmma, one "
                       "warpgroup), 11b (warp specialization: a producer warp, two consumer warpgroups), 11c "
-                      "(exponentials and dQ atomics overlapped with the products)"),
+                      "(exponentials and dQ atomics overlapped with the products), 11d (dQ added by TMA bulk "
+                      "reductions from shared memory)"),
        Option::flag_option("deterministic",
                            "dQ by a second kernel that sums the key tiles in a fixed order (bitwise reproducible) "
                            "instead of fp32 atomics")}};

@@ -22,8 +22,9 @@ struct StepKernel {
 // One per step file; each throws std::invalid_argument for a head dim or dtype it has no kernel for.
 StepKernel step_11a(int d, Dtype dtype, bool causal);  // 11a_one_warpgroup.cu
 StepKernel step_11b(int d, Dtype dtype, bool causal);  // 11b_warp_specialized.cu
+StepKernel step_11c(int d, Dtype dtype, bool causal);  // 11c_overlap.cu
 /// with_dq = false: the deterministic mode's dK/dV kernel, without the dQ product.
-StepKernel step_11c(int d, Dtype dtype, bool causal, bool with_dq = true);  // hopper_bwd.cu (the final design)
+StepKernel step_11d(int d, Dtype dtype, bool causal, bool with_dq = true);  // hopper_bwd.cu (the final design)
 /// The deterministic mode's dQ kernel: one block per (query tile of 64 rows, head).
 StepKernel dq_pass(int d, Dtype dtype, bool causal);  // dq_pass.cu
 
