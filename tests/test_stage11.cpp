@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bwd_schedule.h"
+#include "dq_layout.h"
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"
@@ -69,6 +70,27 @@ TEST_SUITE("cpu") {
                 ++checked;
               }
     CHECK(checked > 700);
+  }
+}
+
+TEST_SUITE("cpu") {
+  TEST_CASE("11: the blocked dQ layout of step 11d is a one-to-one map, each block contiguous") {
+    for (int d : {64, 128}) {
+      const int rows = 256;
+      std::vector<int> hits(size_t(rows) * d, 0);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < d; ++c) {
+          const int64_t at = fa::stage11::blocked_offset(r, c, d);
+          REQUIRE(at >= 0);
+          REQUIRE(at < int64_t(rows) * d);
+          ++hits[size_t(at)];
+          // The block of (r, c) is the 4096 floats that start at a multiple of 4096.
+          CHECK(at / 4096 == (r / 64) * (d / 64) + c / 64);
+          // A group of 8 columns stays together (the conversion reads it as two float4).
+          if (c % 8 != 0) CHECK(at == fa::stage11::blocked_offset(r, c - 1, d) + 1);
+        }
+      CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+    }
   }
 }
 

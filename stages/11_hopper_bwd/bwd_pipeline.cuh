@@ -22,10 +22,9 @@ namespace fa::stage11 {
 using namespace fa::hopper;
 using stage10::tile_bytes;
 
-/// The dQ staging of step 11d: the two consumers' [64, 64] fp32 blocks of dQ_i, rows
-/// padded from 256 to 288 bytes so that a warp's stores of 8 rows hit different banks.
-constexpr int kStagingRowFloats = 72;
-constexpr uint32_t kStagingBytes = 2 * 64 * kStagingRowFloats * 4;
+/// The dQ staging of step 11d: the two consumers' [64, 64] fp32 blocks of dQ_i, each laid
+/// out as dQ_accum holds a block in step 11d (dq_layout.h): 16 KB, one bulk copy.
+constexpr uint32_t kStagingBytes = 2 * 64 * 64 * 4;
 
 /// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
 /// kStaging: room for step 11d's dQ staging and its three barriers.
@@ -75,8 +74,8 @@ struct BwdShared {
     dq_full = empty + kStages;
     dq_empty = dq_full + 2;
   }
-  /// Row r of consumer c's dQ block in the staging area.
-  __device__ float* staging_row(int c, int r) const { return staging + (c * 64 + r) * kStagingRowFloats; }
+  /// Consumer c's dQ block in the staging area.
+  __device__ float* staging_block(int c) const { return staging + c * 64 * 64; }
   __device__ Elem* q_stage(int s) const { return q + s * B_r * d; }
   __device__ Elem* do_stage(int s) const { return dO + s * B_r * d; }
   __device__ Elem* ds_buffer(int b) const { return ds + b * B_c * B_r; }

@@ -7,20 +7,21 @@
 // red.global.add.v2 per thread per step, each adding 8 bytes, keep L2 busier than the
 // products keep the tensor cores. Here a consumer writes its [64, 64] fp32 block of dQ_i to
 // a staging area in shared memory instead, and one thread of the producer warpgroup (warp
-// 1, the *writer*; warp 0 issues the loads) adds each row to dQ_accum with one
-// cp.reduce.async.bulk: the same additions, done by L2 on whole lines. The consumers'
-// only cost is 16 shared-memory stores per thread (rows padded to 288 bytes: no bank
-// conflict beyond the two wavefronts a warp's 256 bytes need).
+// 1, the *writer*; warp 0 issues the loads) adds the block to dQ_accum with one
+// cp.reduce.async.bulk of 16 KB: the same additions, done by L2 on whole lines. For that
+// the block must be contiguous in dQ_accum too, so this step keeps dQ_accum in [64, 64]
+// blocks (dq_layout.h) and the conversion kernel reads it so. The consumers' only cost is
+// 16 shared-memory stores per thread (columns swizzled inside a block: no bank conflict).
 //
 // The staging area has one buffer per consumer, filled and drained once per step:
 //   dq_full[c]  consumer c's block is in shared memory (128 arrivals: its threads, each
 //               after a fence.proxy.async, since the copy engine reads what they wrote)
 //   dq_empty    the writer has read both blocks of the previous step (1 arrival)
-// Shared memory: 160 KB (K_j, V_j, two Q_i/dO_i stages, two dSᵀ buffers) + 36 KB of staging.
+// Shared memory: 160 KB (K_j, V_j, two Q_i/dO_i stages, two dSᵀ buffers) + 32 KB of staging.
 //
 //   producer warp 0 (1 thread): as 11b
 //   writer warp 1 (1 thread), for each step n:
-//     for c = 0, 1: wait dq_full[c];  a bulk reduce-add per row of block c into dQ_accum
+//     for c = 0, 1: wait dq_full[c];  one bulk reduce-add of block c into dQ_accum
 //     commit;  wait until the copies have read shared memory;  arrive dq_empty
 //   consumer c: as 11c, but after dQ is done (wait<1>):
 //     wait dq_empty (the writer has read step n − 1's blocks);  dQ block → staging;
@@ -32,6 +33,7 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
+#include "dq_layout.h"
 #include "step_kernel.h"
 #include "step_table.cuh"
 #include "wgmma.cuh"
@@ -45,12 +47,13 @@ template <int d, class Shared>
 __device__ inline void write_dq(const Shared& sm, const BwdParams& p, const BlockWork& work) {
   constexpr int B_r = BwdTile<d>::kBlockM;
   for (int n = 0; n < work.steps; ++n) {
-    float* rows = p.dQ_accum + (int64_t(work.bh(n)) * p.n_q_pad + int64_t(work.tile(n)) * B_r) * d;
+    const int64_t row0 = int64_t(work.tile(n)) * B_r;
+    float* head = p.dQ_accum + int64_t(work.bh(n)) * p.n_q_pad * d;
     for (int c = 0; c < 2; ++c) {
       mbarrier_wait(&sm.dq_full[c], n & 1);
       // Consumer c's block: rows 64c … of dQ_i at d = 64, columns 64c … at d = 128.
-      float* block = rows + (d == 64 ? 64 * c * d : 64 * c);
-      for (int r = 0; r < 64; ++r) bulk_reduce_add_f32(block + r * d, sm.staging_row(c, r), 64 * 4);
+      float* block = head + (d == 64 ? blocked_offset(row0 + 64 * c, 0, d) : blocked_offset(row0, 64 * c, d));
+      bulk_reduce_add_f32(block, sm.staging_block(c), 64 * 64 * 4);
     }
     bulk_commit();
     bulk_wait_read<0>();  // both blocks read: the consumers may refill the staging area
@@ -59,14 +62,16 @@ __device__ inline void write_dq(const Shared& sm, const BwdParams& p, const Bloc
   bulk_wait<0>();  // every addition has reached global memory
 }
 
-/// A consumer's [64, 64] dQ block (fp32 fragments) → its staging buffer, rows of 72 floats.
+/// A consumer's [64, 64] dQ block (fp32 fragments) → its staging buffer, in the block
+/// layout of dq_layout.h.
 template <class Shared>
 __device__ inline void stage_dq(const float (&dq)[32], const Shared& sm, int c) {
+  float* block = sm.staging_block(c);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(sm.staging_row(c, fragment_row(r)) + fragment_col(j, 0)) =
+      *reinterpret_cast<float2*>(block + offset_in_block(fragment_row(r), fragment_col(j, 0))) =
           make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
 }
 

@@ -133,8 +133,9 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
-  PrepParams prep{O, dO, L, scratch.floats(), const_cast<float*>(params.D), params.dQ_accum, dQ, heads_total,
-                  p.seq_q, int(n_q_pad), params.scale};
+  const bool blocked = options.step == Step::Auto || options.step == Step::D;  // 11d: dq_layout.h
+  PrepParams prep{O,       dO, L, scratch.floats(), const_cast<float*>(params.D), params.dQ_accum, dQ, heads_total,
+                  p.seq_q, int(n_q_pad), params.scale, blocked};
   if (p.seq_q > 0) {
     if (atomics) FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, size_t(stat_elems) * d * sizeof(float), stream));
     launch_preprocess(prep, dtype, d, stream);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "bwd_traits.h"
+#include "dq_layout.h"
 #include "cuda_utils.h"
 #include "dispatch.cuh"
 #include "prep.h"
@@ -63,13 +64,15 @@ __global__ void preprocess_kernel(const PrepParams p) {
   }
 }
 
-/// dQ = scale·dQ_accum: 8 elements per thread (two float4 in, 16 bytes out).
-template <class Elem, int d>
+/// dQ = scale·dQ_accum: 8 elements per thread (two float4 in, 16 bytes out). In the blocked
+/// layout a group of 8 columns stays contiguous (the swizzle moves whole groups).
+template <class Elem, int d, bool kBlocked>
 __global__ void convert_dq_kernel(const PrepParams p) {
   const int64_t total = int64_t(p.heads_total) * p.seq_q * (d / 8);
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < total; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = c / (d / 8), head = row / p.seq_q, i = row % p.seq_q;
-    const float* src = p.dQ_accum + (head * p.n_q_pad + i) * d + 8 * (c % (d / 8));
+    const int col = 8 * int(c % (d / 8));
+    const float* src = p.dQ_accum + head * p.n_q_pad * d + (kBlocked ? blocked_offset(i, col, d) : i * d + col);
     const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
     const float s = p.scale;
     const uint4 out = make_uint4(stage10::pack2<Elem>(s * a.x, s * a.y), stage10::pack2<Elem>(s * a.z, s * a.w),
@@ -102,7 +105,10 @@ void launch_convert_dq(const PrepParams& p, Dtype dtype, int d, cudaStream_t str
   const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 132 * 32));
   with_dtype(dtype, [&](auto elem) {
     with_head_dim(d, [&](auto dim) {
-      convert_dq_kernel<decltype(elem), decltype(dim)::value><<<blocks, 256, 0, stream>>>(p);
+      if (p.blocked_dq)
+        convert_dq_kernel<decltype(elem), decltype(dim)::value, true><<<blocks, 256, 0, stream>>>(p);
+      else
+        convert_dq_kernel<decltype(elem), decltype(dim)::value, false><<<blocks, 256, 0, stream>>>(p);
     });
   });
   FA_CHECK_LAUNCH("11_hopper_bwd: convert_dq_kernel");

@@ -22,6 +22,7 @@ struct PrepParams {
   int64_t heads_total;  ///< batch·heads
   int seq_q, n_q_pad;
   float scale;
+  bool blocked_dq;  ///< dQ_accum in [64, 64] blocks (step 11d, dq_layout.h) instead of row-major
 };
 
 void launch_preprocess(const PrepParams& p, Dtype dtype, int d, cudaStream_t stream);
