@@ -36,12 +36,16 @@ FA_HOST_DEVICE inline MergeWeights merge_weights(float L_acc, float L_part) {
   // sides give L = −∞ rather than −∞ − (−∞) = NaN.
   if (L_part == -inf) return {L_acc, 1.0f, 0.0f};
   if (L_acc == -inf) return {L_part, 0.0f, 1.0f};
-  // L = max + log(1 + e^{min − max}): the exponent is ≤ 0, so nothing overflows. A NaN on
-  // either side fails the comparison and makes L NaN, and with it both weights: NaN reaches
-  // the row, as it would in the formula.
-  const float L = L_acc >= L_part ? L_acc + log1pf(expf(L_part - L_acc))
-                                  : L_part + log1pf(expf(L_acc - L_part));
-  return {L, expf(L_acc - L), expf(L_part - L)};
+  // With t = e^{L_small − L_big} ≤ 1 (nothing overflows):
+  //   L = L_big + log(1 + t),  w_big = 1 / (1 + t),  w_small = t / (1 + t).
+  // These are e^{L_big − L} and e^{L_small − L}, computed without the rounded L: at L ≈ 500 one
+  // rounding of L is 3·10⁻⁵, and e^{L_x − L} would carry it into every element of O.
+  // A NaN on either side fails the comparison and makes t, L and both weights NaN.
+  const bool acc_bigger = L_acc >= L_part;
+  const float t = acc_bigger ? expf(L_part - L_acc) : expf(L_acc - L_part);
+  const float L = (acc_bigger ? L_acc : L_part) + log1pf(t);
+  const float w_big = 1.0f / (1.0f + t), w_small = t / (1.0f + t);
+  return acc_bigger ? MergeWeights{L, w_big, w_small} : MergeWeights{L, w_small, w_big};
 }
 //! [merge]
 
