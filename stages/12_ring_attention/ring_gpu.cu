@@ -121,7 +121,7 @@ class GpuRank final : public Rank {
     for (auto& b : dkv_) b = buffer(kv, 4, "dK/dV (fp32) shard");
     dK_part_ = buffer(k_chunk, es_, "dK of a pair");
     dV_part_ = buffer(k_chunk, es_, "dV of a pair");
-    FA_CUDA_CHECK(cudaMemsetAsync(O_acc_.get(), 0, O_acc_.bytes(), stream_));  // dQ sums (fp32)
+    zero(O_acc_);  // the dQ sums (fp32)
   }
   ~GpuRank() override {
     cudaSetDevice(device_);
@@ -172,8 +172,8 @@ class GpuRank final : public Rank {
     const int64_t rows = int64_t(pair.batch) * pair.heads * pair.seq_q;
     stage08::forward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), O_part_.get(),
                      L_part_.as<float>(), stream_, stage08::Options{});
-    with_dtype(dtype_, [&](auto zero) {
-      using T = decltype(zero);
+    with_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
       merge_rows<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream_>>>(
           O_acc_.as<float>() + q_offset(a, p_.head_dim), L_.as<float>() + q_offset(a, 1), O_part_.as<T>(),
           L_part_.as<float>(), rows, p_.head_dim);
@@ -181,7 +181,7 @@ class GpuRank final : public Rank {
     FA_CHECK_LAUNCH("12: merge_rows");
   }
 
-  void zero_dkv(int buffer) override { FA_CUDA_CHECK(cudaMemsetAsync(dkv_[buffer].get(), 0, dkv_[buffer].bytes(), stream_)); }
+  void zero_dkv(int buffer) override { zero(dkv_[buffer]); }
 
   void add_incoming_dkv(int into, int owner) override {
     const int64_t n = plan_.kv_shard_elems(owner);
@@ -197,8 +197,8 @@ class GpuRank final : public Rank {
                       L_.as<float>() + q_offset(a, 1), at(dO_, a), O_part_.get(), dK_part_.get(), dV_part_.get(),
                       stream_, deterministic);
     float* dK_c = dkv_[dkv].as<float>() + plan_.kv_chunk_offset(owner, c);
-    with_dtype(dtype_, [&](auto zero) {
-      using T = decltype(zero);
+    with_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
       add_into<<<grid_for(pair.q_elems()), 256, 0, stream_>>>(O_acc_.as<float>() + q_offset(a, p_.head_dim),
                                                               O_part_.as<T>(), pair.q_elems());  // dQ_a += dQ
       add_into<<<grid_for(pair.kv_elems()), 256, 0, stream_>>>(dK_c, dK_part_.as<T>(), pair.kv_elems());
@@ -225,9 +225,12 @@ class GpuRank final : public Rank {
   char* V_of(int kv, int owner, int c) const {
     return K_of(kv, owner, c) + plan_.kv_chunk_elems(plan_.chunks_of[size_t(owner)][size_t(c)]) * int64_t(es_);
   }
+  void zero(DeviceBuffer& b) {
+    if (b.bytes() > 0) FA_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
+  }
   void round(const float* src, void* dst, int64_t n) {
-    with_dtype(dtype_, [&](auto zero) {
-      using T = decltype(zero);
+    with_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
       round_to<<<grid_for(n), 256, 0, stream_>>>(src, static_cast<T*>(dst), n);
     });
     FA_CHECK_LAUNCH("12: round_to");
@@ -289,6 +292,7 @@ struct DeviceGuard {
 // stages 08 and 09 refuse them), the config, and the cut of the sequence.
 Plan checked_plan(const Problem& p, const GpuConfig& c, Dtype t) {
   require_tensor_core_request(kStage, p, t, gpu_head_dims());
+  require_grid_rows(kStage, p);
   if (c.split != Split::Zigzag && c.split != Split::Plain)
     throw std::invalid_argument(std::string(kStage) + ": split = " + std::to_string(int(c.split)) +
                                 " is not zigzag (0) or plain (1)");
