@@ -80,11 +80,11 @@ struct DeviceTensors {
 
 TEST_CASE("stage 12 gpu: shape matrix, bf16 and f16, forward and backward") {
   fa::test::check_matrix(stage(), Dtype::BF16, true);
-  fa::test::check_matrix(stage(), Dtype::F16, true);
+  if (!fa::test::small_mode()) fa::test::check_matrix(stage(), Dtype::F16, true);  // sanitizers: bf16 only
 }
 TEST_CASE("stage 12 gpu: adversarial inputs") {
   fa::test::check_adversarial(stage(), Dtype::BF16, true);
-  fa::test::check_adversarial(stage(), Dtype::F16, true);
+  if (!fa::test::small_mode()) fa::test::check_adversarial(stage(), Dtype::F16, true);
 }
 TEST_CASE("stage 12 gpu: properties (key permutation, bitwise determinism)") {
   fa::test::check_properties(stage(), Dtype::BF16, true);
@@ -108,6 +108,7 @@ TEST_CASE("stage 12 gpu: virtual ranks P = 1, 2, 3, 4, 8, both splits, against t
         if (!small) shapes.push_back(make(2, 2, 2, 255, 255, 128, causal));
         for (const Problem& p : shapes)
           for (Dtype t : {Dtype::BF16, Dtype::F16}) {
+            if (small && t == Dtype::F16) continue;
             INFO("P = " << P << ", " << s12::split_name(split) << " split, " << fa::dtype_name(t));
             fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
           }
