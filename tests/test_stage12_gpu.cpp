@@ -54,6 +54,8 @@ struct DeviceTensors {
     fa::upload(t, x.K.data(), K.get(), p.kv_elems(), nullptr);
     fa::upload(t, x.V.data(), V.get(), p.kv_elems(), nullptr);
     fa::upload(t, x.dO.data(), dO.get(), p.q_elems(), nullptr);
+    for (const fa::DeviceBuffer* b : {&O, &L, &dQ, &dK, &dV})  // read back even when refused
+      if (b->bytes() > 0) FA_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
     FA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   size_t bytes(int64_t n) const { return size_t(n) * fa::dtype_size(t); }
