@@ -23,7 +23,7 @@ thread_local Work t_last_work;  // what the calling thread's last run counted
 
 int64_t last(int64_t (Work::*field)() const) {
   if (t_last_work.ranks() == 0)
-    throw std::invalid_argument("12_ring_attention: no run has been counted on this thread yet");
+    throw std::invalid_argument("12_ring_attention: no ring has run on this thread yet");
   return (t_last_work.*field)();
 }
 
@@ -36,7 +36,7 @@ std::vector<Counter> work_counters() {
       {"work_critical", "sum over steps of the busiest rank's entries at that step (the ring's time)",
        [] { return last(&Work::critical); }},
       {"efficiency_permille", "1000 * total / (ranks * critical): 1000 when every step is balanced",
-       [] { return last(&Work::total) >= 0 ? int64_t(1000.0 * t_last_work.efficiency() + 0.5) : 0; }},
+       [] { return last(&Work::efficiency_permille); }},
   };
 }
 

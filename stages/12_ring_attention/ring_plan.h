@@ -116,6 +116,8 @@ struct Work {
   int64_t critical() const;
   /// total / (P · critical): 1 when every rank does the same work at every step.
   double efficiency() const;
+  /// efficiency() in thousandths, rounded (a counter of the stage).
+  int64_t efficiency_permille() const { return int64_t(1000.0 * efficiency() + 0.5); }
 };
 
 /// The work the ring does for `plan`, from the plan's pairs (what ring_forward counts).
