@@ -75,26 +75,13 @@ __global__ void fill(float* x, float value, int64_t n) {
 // A grid for n elements: 256 threads a block, at most 4096 blocks (the loops stride over the rest).
 dim3 grid_for(int64_t n) { return dim3(unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 4096))); }
 
-// Copies rows [row0, row0 + n) of each of `slices` slices of `rows` rows × `row_bytes` (a whole
-// tensor) into a dense chunk, or back (the whole tensor may be on another GPU).
-void copy_rows(const void* from, void* to, bool into_chunk, int64_t slices, int64_t rows, int64_t row0, int64_t n,
-               size_t row_bytes, cudaStream_t stream) {
-  if (n == 0 || slices == 0) return;
-  const size_t chunk_pitch = size_t(n) * row_bytes, whole_pitch = size_t(rows) * row_bytes;
-  const size_t at = size_t(row0) * row_bytes;
-  if (into_chunk)
-    FA_CUDA_CHECK(cudaMemcpy2DAsync(to, chunk_pitch, static_cast<const char*>(from) + at, whole_pitch, chunk_pitch,
-                                    size_t(slices), cudaMemcpyDefault, stream));
-  else
-    FA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(to) + at, whole_pitch, from, chunk_pitch, chunk_pitch,
-                                    size_t(slices), cudaMemcpyDefault, stream));
-}
-
 // One rank of the GPU ring, on device `device`: its shards (ring_plan.h) in device memory.
 class GpuRank final : public Rank {
  public:
-  GpuRank(const Plan& plan, int rank, Dtype dtype, int device, bool backward)
-      : plan_(plan), p_(plan.problem), rank_(rank), dtype_(dtype), es_(dtype_size(dtype)), device_(device) {
+  // `device`: this rank's GPU; `whole_device`: the GPU of the caller's whole tensors.
+  GpuRank(const Plan& plan, int rank, Dtype dtype, int device, int whole_device, bool backward)
+      : plan_(plan), p_(plan.problem), rank_(rank), dtype_(dtype), es_(dtype_size(dtype)), device_(device),
+        whole_device_(whole_device) {
     FA_CUDA_CHECK(cudaSetDevice(device));
     FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const auto buffer = [&](int64_t elems, size_t bytes, const char* what) {
@@ -209,6 +196,30 @@ class GpuRank final : public Rank {
   }
 
  private:
+  // Copies rows [row0, row0 + n) of each of `slices` slices of `rows` rows × `row_bytes` (a whole
+  // tensor, on the caller's GPU) into a dense chunk on this rank's GPU, or back. A pitched copy
+  // between two GPUs is cudaMemcpy3DPeerAsync; on one GPU it is a device-to-device copy.
+  void copy_rows(const void* from, void* to, bool into_chunk, int64_t slices, int64_t rows, int64_t row0, int64_t n,
+                 size_t row_bytes, cudaStream_t stream) const {
+    if (n == 0 || slices == 0) return;
+    const size_t chunk_pitch = size_t(n) * row_bytes, whole_pitch = size_t(rows) * row_bytes;
+    const size_t at = size_t(row0) * row_bytes;  // where the chunk's rows start in a slice
+    cudaMemcpy3DPeerParms m = {};
+    if (into_chunk) {
+      m.srcPtr = make_cudaPitchedPtr(const_cast<char*>(static_cast<const char*>(from)) + at, whole_pitch, chunk_pitch,
+                                     size_t(slices));
+      m.dstPtr = make_cudaPitchedPtr(to, chunk_pitch, chunk_pitch, size_t(slices));
+      m.srcDevice = whole_device_;
+      m.dstDevice = device_;
+    } else {
+      m.srcPtr = make_cudaPitchedPtr(const_cast<void*>(from), chunk_pitch, chunk_pitch, size_t(slices));
+      m.dstPtr = make_cudaPitchedPtr(static_cast<char*>(to) + at, whole_pitch, chunk_pitch, size_t(slices));
+      m.srcDevice = device_;
+      m.dstDevice = whole_device_;
+    }
+    m.extent = make_cudaExtent(chunk_pitch, size_t(slices), 1);  // width in bytes, rows, one layer
+    FA_CUDA_CHECK(cudaMemcpy3DPeerAsync(&m, stream));
+  }
   const std::vector<int>& chunks() const { return plan_.chunks_of[size_t(rank_)]; }
   Range query_chunk(size_t i) const { return plan_.q_chunks[size_t(chunks()[i])]; }
   int64_t q_slices() const { return int64_t(p_.batch) * p_.heads; }
@@ -263,7 +274,7 @@ class GpuRank final : public Rank {
   int rank_;
   Dtype dtype_;
   size_t es_;
-  int device_;
+  int device_, whole_device_;
   cudaStream_t stream_ = nullptr;
   DeviceBuffer Q_, O_, dO_, L_, O_acc_;  // query shards (O_acc_: the fp32 O, or the dQ sums)
   DeviceBuffer kv_[2], dkv_[3];
@@ -333,10 +344,10 @@ std::unique_ptr<Ring> make_ring(const GpuConfig& c, const std::vector<int>& devi
 
 // Every rank's buffers, allocated (and its slices scattered) before any thread starts.
 std::vector<std::unique_ptr<GpuRank>> make_ranks(const Plan& plan, Dtype t, const std::vector<int>& devices,
-                                                 bool backward) {
+                                                 int whole_device, bool backward) {
   std::vector<std::unique_ptr<GpuRank>> ranks;
   for (int r = 0; r < plan.ranks; ++r)
-    ranks.push_back(std::make_unique<GpuRank>(plan, r, t, devices[size_t(r)], backward));
+    ranks.push_back(std::make_unique<GpuRank>(plan, r, t, devices[size_t(r)], whole_device, backward));
   return ranks;
 }
 
@@ -353,7 +364,7 @@ void forward_gpu(const Problem& p, const GpuConfig& c, Dtype t, const void* Q, c
   const DeviceGuard guard;
   const std::vector<int> devices = devices_for(plan, c);
   FA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the caller's inputs are written
-  auto ranks = make_ranks(plan, t, devices, false);
+  auto ranks = make_ranks(plan, t, devices, guard.device, false);
   const std::unique_ptr<Ring> kv_ring = make_ring(c, devices);
   if (work) *work = Work(plan.ranks);
   run_on_ranks(
@@ -383,7 +394,7 @@ void backward_gpu(const Problem& p, const GpuConfig& c, Dtype t, const void* Q, 
   const DeviceGuard guard;
   const std::vector<int> devices = devices_for(plan, c);
   FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  auto ranks = make_ranks(plan, t, devices, true);
+  auto ranks = make_ranks(plan, t, devices, guard.device, true);
   const std::unique_ptr<Ring> kv_ring = make_ring(c, devices), dkv_ring = make_ring(c, devices);
   if (work) *work = Work(plan.ranks);
   run_on_ranks(
