@@ -96,6 +96,13 @@ for n in 07 08 09 10 11; do
 done
 # Bad input through the C ABI's device entry points, every GPU stage (a doctest program too).
 [[ -x $BUILD/tests/test_gpu_bad_input ]] && gpu_tests+=("$BUILD/tests/test_gpu_bad_input")
+
+# ---- stage 12 (ring attention) ---------------------------------------------------------
+# The ring of virtual ranks on one GPU (test_stage12_gpu) under the same tools as the stages
+# above. Its NCCL test (test_stage12_nccl) needs two or more GPUs: it runs in the ctest step
+# and reports itself skipped on one GPU.
+[[ -x $BUILD/tests/test_stage12_gpu ]] && gpu_tests+=("$BUILD/tests/test_stage12_gpu")
+# ---- end of stage 12 -------------------------------------------------------------------
 : >"$OUT/sanitizer.log"
 sanitizer_rows=()
 if [[ ${FA_SKIP_SANITIZER:-0} == 1 ]]; then

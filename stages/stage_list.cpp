@@ -23,6 +23,10 @@
 #include "tiled_cpu.h"
 #define FA_HAS_06 1
 #endif
+#if __has_include("ring_attention.h")
+#include "ring_attention.h"
+#define FA_HAS_12 1
+#endif
 #ifdef FA_HAVE_CUDA
 #include "cuda_utils.h"
 #if __has_include("smem_cuda.h")
@@ -44,6 +48,10 @@
 #if __has_include("hopper_bwd.h")
 #include "hopper_bwd.h"
 #define FA_HAS_11 1
+#endif
+#if __has_include("ring_gpu.h")
+#include "ring_gpu.h"
+#define FA_HAS_12_GPU 1
 #endif
 #endif
 
@@ -69,6 +77,12 @@ const std::vector<StageInfo>& all_stages() {
 #endif
 #ifdef FA_HAS_11
       stage11::info(),
+#endif
+#ifdef FA_HAS_12
+      stage12::info(),
+#endif
+#ifdef FA_HAS_12_GPU
+      stage12::gpu_info(),
 #endif
   };
   return list;

@@ -1,0 +1,84 @@
+// Stage 12: the transport between virtual ranks on one GPU. A rank's exchange is one
+// device-to-device copy of its previous rank's buffer, on a stream of its own (`comm`), so it
+// runs while the rank's kernels run on the rank's stream: the same overlap as between GPUs,
+// with the GPU's copy engines standing in for the links.
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_utils.h"
+#include "ring_gpu.h"
+
+namespace fa::stage12 {
+
+namespace {
+
+// Rank r's end: post (send buffer, an event that completes when it is written), wait for all
+// posts, copy the previous rank's buffer once both its event and our own have completed (ours:
+// our kernels have finished reading `recv`). finish(): wait for the copy, then for every rank,
+// so no rank overwrites a buffer its next neighbour is still copying.
+class DeviceTransport final : public Transport {
+ public:
+  DeviceTransport(Rendezvous& ring, int rank) : ring_(ring), rank_(rank) {
+    FA_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    FA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+  ~DeviceTransport() override {
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(comm_);
+  }
+  DeviceTransport(const DeviceTransport&) = delete;
+  DeviceTransport& operator=(const DeviceTransport&) = delete;
+
+  void start(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, void* stream) override {
+    FA_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)));
+    ring_.post(rank_) = {send, send_bytes, ready_};
+    ring_.arrive_and_wait();  // every rank has posted
+    const Rendezvous::Post& from = ring_.post_of_previous(rank_);
+    if (from.bytes != recv_bytes)
+      throw std::logic_error("12_ring_attention_gpu: rank " + std::to_string(rank_) + " expects " +
+                             std::to_string(recv_bytes) + " bytes, its previous rank sends " + std::to_string(from.bytes));
+    FA_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));                               // recv is free
+    FA_CUDA_CHECK(cudaStreamWaitEvent(comm_, static_cast<cudaEvent_t>(from.ready), 0));  // send is written
+    if (recv_bytes > 0) FA_CUDA_CHECK(cudaMemcpyAsync(recv, from.send, recv_bytes, cudaMemcpyDeviceToDevice, comm_));
+  }
+
+  void finish() override {
+    FA_CUDA_CHECK(cudaStreamSynchronize(comm_));
+    ring_.arrive_and_wait();  // every copy out of our `send` is done
+  }
+
+ private:
+  Rendezvous& ring_;
+  int rank_;
+  cudaStream_t comm_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+};
+
+class DeviceRing final : public Ring {
+ public:
+  explicit DeviceRing(int ranks) : rendezvous_(ranks) {
+    for (int r = 0; r < ranks; ++r) endpoints_.push_back(std::make_unique<DeviceTransport>(rendezvous_, r));
+  }
+  Transport& endpoint(int rank) override { return *endpoints_[size_t(rank)]; }
+  void abort() override { rendezvous_.abort(); }
+
+ private:
+  Rendezvous rendezvous_;
+  std::vector<std::unique_ptr<Transport>> endpoints_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ring> make_device_ring(int ranks) { return std::make_unique<DeviceRing>(ranks); }
+
+#ifndef FA_HAVE_NCCL
+bool nccl_built() { return false; }
+std::unique_ptr<Ring> make_nccl_ring(const std::vector<int>&) {
+  throw std::invalid_argument("12_ring_attention_gpu: transport nccl is not built in (NCCL was not found when this "
+                              "tree was configured)");
+}
+#endif
+
+}  // namespace fa::stage12
