@@ -67,7 +67,7 @@ DEFAULT_HOST_ENTRY_POINTS = ("forward", "backward")
 # Stages 10 and 11: every step file instantiates its kernel in its step_1Nx() function.
 HOST_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "10": ("step_10a", "step_10b", "step_10c", "step_10d"),
-    "11": ("step_11a", "step_11b", "step_11c"),
+    "11": ("step_11a", "step_11b", "step_11c", "step_11d"),
 }
 
 # Words that can precede a name at the start of a statement without declaring it.
