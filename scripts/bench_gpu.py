@@ -13,7 +13,8 @@ halved when causal; backward 2.5× forward):
   * ceilings: an 8192³ fp32 GEMM through cuBLAS with TF32 off (the CUDA-core ceiling for
     fp32 stages) and an 8192³ bf16 GEMM (the tensor-core ceiling);
   * stage 07 (fp32): N = 4096, d ∈ {64, 128}, causal and not, batch 4, heads 2048/d, against
-    SDPA's math backend in fp32 (also the reference); with each key-tile width B_c;
+    SDPA's math backend in fp32 (also the reference); with each step (option `step`), each
+    shared-memory layout and B_c = 32;
   * stages 08/09 (fp16, bf16): the FlashAttention papers' sweep, batch·N = 16384 tokens,
     heads·d = 2048, N ∈ {1024 … 16384}, d ∈ {64, 128}, causal and not (40 points), against
     SDPA's flash (FlashAttention-2) and cuDNN backends; reference: fp32 SDPA on upcast inputs.
@@ -412,10 +413,9 @@ class Bench:
                 h = 2048 // d
                 results[(d, causal)] = self.safe_point(stages, "f32", 4, h, 4096, d, causal,
                                                        [("sdpa_math", SDPBackend.MATH)],
-                                                       variants=[("block_k", 32), ("block_k", 64),
-                                                                 ("pipeline", 2), ("variant", 1),
-                                                                 ("variant", 2), ("variant", 3),
-                                                                 ("variant", 4)])
+                                                       variants=[("step", 1), ("step", 2),
+                                                                 ("smem_layout", 1), ("smem_layout", 2),
+                                                                 ("block_k", 32)])
         gemm = self.gemm.get(torch.float32, float("nan"))
         lines = [f"fp32 forward, N = 4096, batch 4, heads 2048/d (TFLOP/s; fp32 GEMM {gemm:.1f})",
                  f"{'impl':34s} {'d':>4s} {'causal':>6s} {'TFLOP/s':>8s} {'ms':>8s} "
