@@ -538,16 +538,12 @@ def tune_sweep(bench, stages):
                 table(r, n, d, causal)
                 r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, [],
-                                     variants=[("deterministic", 1), ("tile", 1), ("schedule", 1),
-                                               ("layout", 1), ("layout", 2)])
+                                     variants=[("step", 1), ("step", 2), ("step", 3)])
                 table(r, n, d, causal)
     for d in (64, 128):
         for causal in (False, True):
             r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 4, 2048 // d, 4096,
                                  d, causal, base, variants=[("ablation", k) for k in range(1, 6)])
-            table(r, 4096, d, causal)
-            r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 4, 2048 // d, 4096,
-                                 d, causal, [], variants=[("ablation", k) for k in range(1, 3)])
             table(r, 4096, d, causal)
     bench.summary += lines
 
