@@ -514,7 +514,7 @@ def hopper_sweep(bench, stages, quick=False):
 
 
 def tune_sweep(bench, stages):
-    """--tune: the stages' variants side by side (tile shapes, dQ modes, ablations), bf16,
+    """--tune: the stages' variants side by side (tile shapes, steps, ablations), bf16,
     against sdpa_flash only, to choose defaults and fill the ablation tables."""
     print("\n== tuning sweep (bf16): variants and ablations against sdpa_flash", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION)]
@@ -532,7 +532,7 @@ def tune_sweep(bench, stages):
             for causal in (False, True):
                 variants = []
                 if any(s.startswith("08") for s in stages) and d == 128:
-                    variants += [("tile_d128", 1), ("tile_d128", 2), ("tile_d128", 3)]
+                    variants += [("tile_d128", 1), ("tile_d128", 3)]
                 r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, base, variants=variants)
                 table(r, n, d, causal)
@@ -543,26 +543,32 @@ def tune_sweep(bench, stages):
     for d in (64, 128):
         for causal in (False, True):
             r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 4, 2048 // d, 4096,
-                                 d, causal, base, variants=[("ablation", k) for k in range(1, 6)])
+                                 d, causal, base, variants=[("ablation", k) for k in (2, 3, 4)])
             table(r, 4096, d, causal)
     bench.summary += lines
 
 
-def schedule_sweep(bench, stages):
-    """--schedule09: stage 09's dK/dV loop schedules and warp layouts side by side, bf16,
-    with sdpa_flash."""
-    lines = ["stage 09 schedules and layouts, bf16, batch·N = 16384, heads·d = 2048 "
-             "(bwd TFLOP/s, ratio to sdpa_flash)"]
+def steps_sweep(bench, stages):
+    """--steps: the steps of stages 08 and 09 (option `step`) side by side, bf16, with
+    sdpa_flash: the data of the notes' steps tables."""
+    print("\n== steps of 08 and 09 (bf16) against sdpa_flash", flush=True)
+    lines = ["steps of stages 08 and 09, bf16, batch·N = 16384, heads·d = 2048 "
+             "(TFLOP/s, ratio to sdpa_flash; [step=k] is step k, the stage name alone is auto)"]
+    steps = {"08": [("step", 1), ("step", 2)], "09": [("step", 1), ("step", 2), ("step", 3)]}
     for d in (64, 128):
         for n in (1024, 4096, 16384):
             for causal in (False, True):
-                r = bench.safe_point(stages, "bf16", 16384 // n, 2048 // d, n, d, causal,
-                                     [("sdpa_flash", SDPBackend.FLASH_ATTENTION)],
-                                     variants=[("schedule", 1), ("layout", 1), ("layout", 2)])
-                flash = r["bwd"].get("sdpa_flash", (0, float("nan")))[1]
-                for impl, (ms, t) in sorted(r["bwd"].items()):
-                    lines.append(f"bwd d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
-                                 f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
+                for prefix, variants in steps.items():
+                    chosen = [s for s in stages if s.startswith(prefix)]
+                    if not chosen:
+                        continue
+                    r = bench.safe_point(chosen, "bf16", 16384 // n, 2048 // d, n, d, causal,
+                                         [("sdpa_flash", SDPBackend.FLASH_ATTENTION)], variants=variants)
+                    for w in ("fwd", "bwd") if prefix == "09" else ("fwd",):
+                        flash = r[w].get("sdpa_flash", (0, float("nan")))[1]
+                        for impl, (ms, t) in sorted(r[w].items()):
+                            lines.append(f"{w} d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
+                                         f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
     bench.summary += lines
 
 
@@ -585,8 +591,8 @@ def main():
                     help="commit recorded in every row (default: $FA_COMMIT or git rev-parse)")
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
-    ap.add_argument("--schedule09", action="store_true",
-                    help="only stage 09's loop schedules and warp layouts against sdpa_flash")
+    ap.add_argument("--steps", action="store_true",
+                    help="only the steps of stages 08 and 09 (option step), bf16, against sdpa_flash")
     ap.add_argument("--hopper", action="store_true",
                     help="stage 10's steps on the 08/09 points plus d = 256, against sdpa_flash and sdpa_cudnn")
     ap.add_argument("--tune", action="store_true",
@@ -619,8 +625,8 @@ def main():
     bench.open_csv(args.out)
     try:
         bench.gemms()
-        if args.schedule09:
-            schedule_sweep(bench, [s for s in chosen if s.startswith("09")])
+        if args.steps:
+            steps_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
             chosen = []
         if args.hopper:
             hopper_sweep(bench, [s for s in chosen if s.startswith("10")], args.quick)

@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) fwd_07b(const Params 
     scores_tile<C>(sQ, sK, g, c, S);
     // Mask what the row may not see: keys past N_k (the tail tile) and, under the causal
     // mask, keys right of the diagonal. Only tiles that cross either edge pay for it.
-    const bool crosses_edge = k0 + C::B_c > p.seq_k || (p.causal && k0 + C::B_c - 1 > q0 + diag);
-    if (crosses_edge) {
+    const bool masked = k0 + C::B_c > p.seq_k || (p.causal && k0 + C::B_c - 1 > q0 + diag);
+    if (masked) {
 #pragma unroll
       for (int t = 0; t < kRowsPerThread; ++t)
 #pragma unroll

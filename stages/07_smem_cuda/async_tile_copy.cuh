@@ -45,7 +45,7 @@ __device__ __forceinline__ void tile_copy_async(float* dst, const float* src, in
     const bool inside = col < d && row < rows;
     // A zero-byte copy reads nothing, but its address is still given: point it at `src`.
     const float* from = inside ? src + (row0 + row) * d + col : src;
-    cp_async_16(dst + tile_at<Layout::kSwizzled, STRIDE>(row, col), from, inside ? 16 : 0);
+    cp_async_16(dst + smem_offset<Layout::kSwizzled, STRIDE>(row, col), from, inside ? 16 : 0);
   }
 }
 

@@ -32,7 +32,7 @@ constexpr int kRowsPerThread = kBlockQ / kRowGroups;  // 4
 // Every shared row that is read as float4 by threads on different rows is padded by 4
 // floats: consecutive rows then start in different 16-byte bank groups, so the 4 (or 8)
 // different rows one warp reads at the same column hit different banks (no conflicts).
-// (The swizzled layout reaches the same without padding: tile_at below.)
+// (The swizzled layout reaches the same without padding: smem_offset below.)
 constexpr int kPad = 4;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kLog2e = 1.442695040888963407f;
@@ -85,7 +85,7 @@ struct Config {
 // multiple of 8 chunks). Writers and readers call the same function, so the math never sees
 // the layout.
 template <bool kSwizzled, int STRIDE>
-__device__ __forceinline__ int tile_at(int row, int col) {
+__device__ __forceinline__ int smem_offset(int row, int col) {
   static_assert(!kSwizzled || STRIDE % 32 == 0, "the swizzle permutes groups of 8 chunks");
   return row * STRIDE + (kSwizzled ? col ^ ((row & 7) << 2) : col);
 }
@@ -108,14 +108,14 @@ struct Params {
 // 2^x as one MUFU.EX2 instruction. A result below 2^−126 is flushed to zero (".ftz"): such
 // a probability is far below what the fp32 row sum can resolve. (exp2f() compiles to the
 // same instruction plus three more that keep those tiny results.)
-__device__ __forceinline__ float exp2_ftz(float x) {
+__device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
 // Copies rows [row0, row0 + ROWS) of a row-major [n_rows][d] matrix into a shared tile of
-// ROWS × STRIDE floats (SWIZZLED: at tile_at's places), 16 bytes (one float4 "chunk") per
+// ROWS × STRIDE floats (SWIZZLED: at smem_offset's places), 16 bytes (one float4 "chunk") per
 // thread per row, with THREADS threads in the block. Rows at or past n_rows and columns at or past d (up to D) become zeros: a zero key row gives a score the
 // mask removes, a zero value row adds nothing, so the products need no tail cases.
 // Thread t copies chunk column t % kChunkCols of rows t / kChunkCols, + kRowStep, + 2·kRowStep,
@@ -150,7 +150,7 @@ struct TileCopy {
     if (col >= D) return;  // only for D = 96: lanes past the last column
 #pragma unroll
     for (int n = 0; n < kPerThread; ++n)
-      *reinterpret_cast<float4*>(dst + tile_at<SWIZZLED, STRIDE>(r + n * kRowStep, col)) = chunk[n];
+      *reinterpret_cast<float4*>(dst + smem_offset<SWIZZLED, STRIDE>(r + n * kRowStep, col)) = chunk[n];
   }
 };
 
@@ -165,18 +165,18 @@ __device__ __forceinline__ void scores_tile(const float* sQ, const float* sK, in
 #pragma unroll
     for (int u = 0; u < C::kSCols; ++u) S[t][u] = 0.f;
   //! [scores]
-  // LAB BEGIN: scores — hint: S[t][u] = Σ_k Q_i[g + 16t][k] · K_j[c + 8u][k] (8 = C::kColGroups); read 4 k at a time as float4 at tile_at(row, k)
+  // LAB BEGIN: scores — hint: S[t][u] = Σ_k Q_i[g + 16t][k] · K_j[c + 8u][k] (8 = C::kColGroups); read 4 k at a time as float4 at smem_offset(row, k)
 #pragma unroll 4
   for (int k = 0; k < C::D; k += 4) {
     float4 q[kRowsPerThread], key[C::kSCols];
 #pragma unroll
     for (int t = 0; t < kRowsPerThread; ++t)
       q[t] = *reinterpret_cast<const float4*>(
-          sQ + tile_at<C::kSwizzled, C::kQStride>(g + kRowGroups * t, k));  // Q_i[g + 16t][k..k+3]
+          sQ + smem_offset<C::kSwizzled, C::kQStride>(g + kRowGroups * t, k));  // Q_i[g + 16t][k..k+3]
 #pragma unroll
     for (int u = 0; u < C::kSCols; ++u)
       key[u] = *reinterpret_cast<const float4*>(
-          sK + tile_at<C::kSwizzled, C::kKStride>(c + C::kColGroups * u, k));  // K_j[c + 8u][k..k+3]
+          sK + smem_offset<C::kSwizzled, C::kKStride>(c + C::kColGroups * u, k));  // K_j[c + 8u][k..k+3]
 #pragma unroll
     for (int t = 0; t < kRowsPerThread; ++t)
 #pragma unroll
@@ -220,11 +220,11 @@ __device__ __forceinline__ void online_softmax(float (&S)[kRowsPerThread][C::kSC
     // keeps its P at 2^{−∞} = 0 rather than 2^{−∞+∞} = NaN.
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     // alpha = e^{scale·(m_old − m_new)}; 0 on the first tile a row sees a key
-    const float alpha = exp2_ftz(row_max[t] - m_use);
+    const float alpha = fast_exp2(row_max[t] - m_use);
     float tile_sum = 0.f;
 #pragma unroll
     for (int u = 0; u < C::kSCols; ++u) {
-      S[t][u] = exp2_ftz(fmaf(S[t][u], scale_log2, -m_use));  // P_ij = e^{scale·(S_ij − m_new)}
+      S[t][u] = fast_exp2(fmaf(S[t][u], scale_log2, -m_use));  // P_ij = e^{scale·(S_ij − m_new)}
       tile_sum += S[t][u];
     }
     row_sum[t] = alpha * row_sum[t] + tile_sum;
@@ -249,7 +249,7 @@ __device__ __forceinline__ void accumulate_pv(const float* sP, const float* sV, 
 #pragma unroll
     for (int t = 0; t < kRowsPerThread; ++t) {
       const float4 p4 = *reinterpret_cast<const float4*>(
-          sP + tile_at<C::kSwizzled, C::kPStride>(g + kRowGroups * t, k));
+          sP + smem_offset<C::kSwizzled, C::kPStride>(g + kRowGroups * t, k));
       p[t][0] = p4.x, p[t][1] = p4.y, p[t][2] = p4.z, p[t][3] = p4.w;
     }
 #pragma unroll
@@ -297,7 +297,7 @@ __device__ __forceinline__ void store_p(float* sP, int g, int c, const float (&S
   for (int t = 0; t < kRowsPerThread; ++t)
 #pragma unroll
     for (int u = 0; u < C::kSCols; ++u)
-      sP[tile_at<C::kSwizzled, C::kPStride>(g + kRowGroups * t, c + C::kColGroups * u)] = S[t][u];
+      sP[smem_offset<C::kSwizzled, C::kPStride>(g + kRowGroups * t, c + C::kColGroups * u)] = S[t][u];
 }
 
 template <typename C>

@@ -32,7 +32,7 @@ enum class Step { Auto = 0, SyncLoads = 1, CpAsync = 2, TwoBarriers = 3 };
 const std::vector<std::string>& step_names();  ///< "auto", "07a", "07b", "07c"
 
 /// The layout of sQ, sK, sP (option `smem_layout`): rows padded by 4 floats, or unpadded
-/// with 16-byte chunks XOR-swizzled (block_tile.cuh, tile_at). Auto: swizzled at d = 128
+/// with 16-byte chunks XOR-swizzled (block_tile.cuh, smem_offset). Auto: swizzled at d = 128
 /// (unless block_k = 32), padded elsewhere.
 enum class SmemLayout { Auto = 0, Padded = 1, Swizzled = 2 };
 const std::vector<std::string>& smem_layout_names();  ///< "auto", "padded", "swizzled"
