@@ -121,6 +121,31 @@ TEST_CASE("stage 09: step 09a is bitwise reproducible") {
                            dQ[run].data(), dK[run].data(), dV[run].data());
         }
         CHECK_MESSAGE(bitwise_equal(dQ[0], dQ[1]), "dQ differs between two deterministic runs");
+        // Options::deterministic (for callers that need reproducible bits, not a step) runs
+        // 09a whatever the step says: the same bits through the device entry point.
+        {
+          s09::Options any_step = step(s09::Step::WarpGrid);
+          any_step.deterministic = true;
+          const size_t es = 2;
+          fa::DeviceBuffer Qd(p.q_elems() * es, "Q"), Kd(p.kv_elems() * es, "K"), Vd(p.kv_elems() * es, "V"),
+              Od(p.q_elems() * es, "O"), Ld(p.l_elems() * 4, "L"), dOd(p.q_elems() * es, "dO"),
+              dQd(p.q_elems() * es, "dQ"), dKd(p.kv_elems() * es, "dK"), dVd(p.kv_elems() * es, "dV");
+          fa::upload(t, x.Q.data(), Qd.get(), p.q_elems(), nullptr);
+          fa::upload(t, x.K.data(), Kd.get(), p.kv_elems(), nullptr);
+          fa::upload(t, x.V.data(), Vd.get(), p.kv_elems(), nullptr);
+          fa::upload(t, x.O.data(), Od.get(), p.q_elems(), nullptr);
+          fa::upload(fa::Dtype::F32, x.L.data(), Ld.get(), p.l_elems(), nullptr);
+          fa::upload(t, x.dO.data(), dOd.get(), p.q_elems(), nullptr);
+          s09::backward(p, t, Qd.get(), Kd.get(), Vd.get(), Od.get(), Ld.as<float>(), dOd.get(), dQd.get(), dKd.get(),
+                        dVd.get(), nullptr, any_step);
+          std::vector<float> dQ2(x.dQ.size()), dK2(x.dK.size()), dV2(x.dV.size());
+          fa::download(t, dQd.get(), dQ2.data(), p.q_elems(), nullptr);
+          fa::download(t, dKd.get(), dK2.data(), p.kv_elems(), nullptr);
+          fa::download(t, dVd.get(), dV2.data(), p.kv_elems(), nullptr);
+          CHECK(bitwise_equal(dQ[0], dQ2));
+          CHECK(bitwise_equal(dK[0], dK2));
+          CHECK(bitwise_equal(dV[0], dV2));
+        }
         CHECK_MESSAGE(bitwise_equal(dK[0], dK[1]), "dK differs between two deterministic runs");
         CHECK_MESSAGE(bitwise_equal(dV[0], dV[1]), "dV differs between two deterministic runs");
         // And the result is right, not merely repeatable.

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
     cp_async_commit();
   }
   //! [key loop]
-  // T_c = 0: Q_i was copied, and waited for, but never used; no copy may outlive the block.
+  // No copy may outlive the block (the groups still open here are empty: this costs nothing).
   cp_async_wait<0>();
   write_output<C>(p, bh, q0, g, c, row_max, row_sum, O_acc);
 }

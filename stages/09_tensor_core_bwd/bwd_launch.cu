@@ -88,10 +88,11 @@ size_t scratch_bytes(const Problem& p, bool atomic_dq) {
   return size_t(rows) * sizeof(float) * (2 + (atomic_dq ? p.head_dim : 0));
 }
 
-/// The step `o` runs at head dim d: auto takes 09c (the 4 × 2 warp grid) at d = 128, where
+/// The step `o` runs at head dim d: `deterministic` takes 09a; auto takes 09c (the 4 × 2 warp grid) at d = 128, where
 /// it was measured 2 to 4 % faster than 09b, and 09b at d = 64, where 09c was 4 to 6 %
 /// slower (the notes, "Step 09c").
 Step resolved_step(const Options& o, int d) {
+  if (o.deterministic) return Step::DqPass;
   if (o.step != Step::Auto) return o.step;
   return d == 128 ? Step::WarpGrid : Step::DqAtomics;
 }

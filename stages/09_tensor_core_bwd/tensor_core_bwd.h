@@ -33,6 +33,10 @@ const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c"
 /// What a backward call runs (register.cpp's option table; per calling thread).
 struct Options {
   Step step = Step::Auto;
+  /// true: step 09a whatever `step` says, for a caller that needs the same bits on every run
+  /// rather than a particular step (stage 12's ring). Not an option of the table: a field of
+  /// the Options passed to backward.
+  bool deterministic = false;
 };
 /// The options `backward` uses when none are given: the calling thread's values of the
 /// stage's options (the command line's --step, set_option("step", k)).
