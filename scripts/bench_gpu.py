@@ -13,7 +13,8 @@ halved when causal; backward 2.5× forward):
   * ceilings: an 8192³ fp32 GEMM through cuBLAS with TF32 off (the CUDA-core ceiling for
     fp32 stages) and an 8192³ bf16 GEMM (the tensor-core ceiling);
   * stage 07 (fp32): N = 4096, d ∈ {64, 128}, causal and not, batch 4, heads 2048/d, against
-    SDPA's math backend in fp32 (also the reference); with each key-tile width B_c;
+    SDPA's math backend in fp32 (also the reference); with each step (option `step`), each
+    shared-memory layout and B_c = 32;
   * stages 08/09 (fp16, bf16): the FlashAttention papers' sweep, batch·N = 16384 tokens,
     heads·d = 2048, N ∈ {1024 … 16384}, d ∈ {64, 128}, causal and not (40 points), against
     SDPA's flash (FlashAttention-2) and cuDNN backends; reference: fp32 SDPA on upcast inputs.
@@ -412,10 +413,9 @@ class Bench:
                 h = 2048 // d
                 results[(d, causal)] = self.safe_point(stages, "f32", 4, h, 4096, d, causal,
                                                        [("sdpa_math", SDPBackend.MATH)],
-                                                       variants=[("block_k", 32), ("block_k", 64),
-                                                                 ("pipeline", 2), ("variant", 1),
-                                                                 ("variant", 2), ("variant", 3),
-                                                                 ("variant", 4)])
+                                                       variants=[("step", 1), ("step", 2),
+                                                                 ("smem_layout", 1), ("smem_layout", 2),
+                                                                 ("block_k", 32)])
         gemm = self.gemm.get(torch.float32, float("nan"))
         lines = [f"fp32 forward, N = 4096, batch 4, heads 2048/d (TFLOP/s; fp32 GEMM {gemm:.1f})",
                  f"{'impl':34s} {'d':>4s} {'causal':>6s} {'TFLOP/s':>8s} {'ms':>8s} "
@@ -541,7 +541,7 @@ def hopper_bwd_sweep(bench, stages, quick=False):
 
 
 def tune_sweep(bench, stages):
-    """--tune: the stages' variants side by side (tile shapes, dQ modes, ablations), bf16,
+    """--tune: the stages' variants side by side (tile shapes, steps, ablations), bf16,
     against sdpa_flash only, to choose defaults and fill the ablation tables."""
     print("\n== tuning sweep (bf16): variants and ablations against sdpa_flash", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION)]
@@ -559,41 +559,43 @@ def tune_sweep(bench, stages):
             for causal in (False, True):
                 variants = []
                 if any(s.startswith("08") for s in stages) and d == 128:
-                    variants += [("tile_d128", 1), ("tile_d128", 2), ("tile_d128", 3)]
+                    variants += [("tile_d128", 1), ("tile_d128", 3)]
                 r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, base, variants=variants)
                 table(r, n, d, causal)
                 r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 16384 // n,
                                      2048 // d, n, d, causal, [],
-                                     variants=[("deterministic", 1), ("tile", 1), ("schedule", 1),
-                                               ("layout", 1), ("layout", 2)])
+                                     variants=[("step", 1), ("step", 2), ("step", 3)])
                 table(r, n, d, causal)
     for d in (64, 128):
         for causal in (False, True):
             r = bench.safe_point([s for s in stages if s.startswith("08")], "bf16", 4, 2048 // d, 4096,
-                                 d, causal, base, variants=[("ablation", k) for k in range(1, 6)])
-            table(r, 4096, d, causal)
-            r = bench.safe_point([s for s in stages if s.startswith("09")], "bf16", 4, 2048 // d, 4096,
-                                 d, causal, [], variants=[("ablation", k) for k in range(1, 3)])
+                                 d, causal, base, variants=[("ablation", k) for k in (2, 3, 4)])
             table(r, 4096, d, causal)
     bench.summary += lines
 
 
-def schedule_sweep(bench, stages):
-    """--schedule09: stage 09's dK/dV loop schedules and warp layouts side by side, bf16,
-    with sdpa_flash."""
-    lines = ["stage 09 schedules and layouts, bf16, batch·N = 16384, heads·d = 2048 "
-             "(bwd TFLOP/s, ratio to sdpa_flash)"]
+def steps_sweep(bench, stages):
+    """--steps: the steps of stages 08 and 09 (option `step`) side by side, bf16, with
+    sdpa_flash: the data of the notes' steps tables."""
+    print("\n== steps of 08 and 09 (bf16) against sdpa_flash", flush=True)
+    lines = ["steps of stages 08 and 09, bf16, batch·N = 16384, heads·d = 2048 "
+             "(TFLOP/s, ratio to sdpa_flash; [step=k] is step k, the stage name alone is auto)"]
+    steps = {"08": [("step", 1), ("step", 2)], "09": [("step", 1), ("step", 2), ("step", 3)]}
     for d in (64, 128):
         for n in (1024, 4096, 16384):
             for causal in (False, True):
-                r = bench.safe_point(stages, "bf16", 16384 // n, 2048 // d, n, d, causal,
-                                     [("sdpa_flash", SDPBackend.FLASH_ATTENTION)],
-                                     variants=[("schedule", 1), ("layout", 1), ("layout", 2)])
-                flash = r["bwd"].get("sdpa_flash", (0, float("nan")))[1]
-                for impl, (ms, t) in sorted(r["bwd"].items()):
-                    lines.append(f"bwd d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
-                                 f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
+                for prefix, variants in steps.items():
+                    chosen = [s for s in stages if s.startswith(prefix)]
+                    if not chosen:
+                        continue
+                    r = bench.safe_point(chosen, "bf16", 16384 // n, 2048 // d, n, d, causal,
+                                         [("sdpa_flash", SDPBackend.FLASH_ATTENTION)], variants=variants)
+                    for w in ("fwd", "bwd") if prefix == "09" else ("fwd",):
+                        flash = r[w].get("sdpa_flash", (0, float("nan")))[1]
+                        for impl, (ms, t) in sorted(r[w].items()):
+                            lines.append(f"{w} d={d:3d} N={n:5d} {'causal' if causal else 'full  '} "
+                                         f"{impl:34s} {t:7.1f}  ({t / flash:.2f}x)")
     bench.summary += lines
 
 
@@ -616,8 +618,8 @@ def main():
                     help="commit recorded in every row (default: $FA_COMMIT or git rev-parse)")
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
-    ap.add_argument("--schedule09", action="store_true",
-                    help="only stage 09's loop schedules and warp layouts against sdpa_flash")
+    ap.add_argument("--steps", action="store_true",
+                    help="only the steps of stages 08 and 09 (option step), bf16, against sdpa_flash")
     ap.add_argument("--hopper", action="store_true",
                     help="stage 10's steps on the 08/09 points plus d = 256, and stage 11's on the 09 points, "
                          "against sdpa_flash and sdpa_cudnn")
@@ -651,8 +653,8 @@ def main():
     bench.open_csv(args.out)
     try:
         bench.gemms()
-        if args.schedule09:
-            schedule_sweep(bench, [s for s in chosen if s.startswith("09")])
+        if args.steps:
+            steps_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])
             chosen = []
         if args.hopper:
             fwd10 = [s for s in chosen if s.startswith("10")]

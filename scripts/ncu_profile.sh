@@ -21,7 +21,7 @@ ncu_run() {  # ncu_run NAME KERNEL_REGEX COUNT -- command...
     --launch-skip 1 "$@" >"$OUT/ncu_$name.txt" 2>&1 || echo "ncu $name: rc $?" >>"$OUT/ncu_$name.txt"
 }
 shape=(--batch "$B" --heads "$H" --kv-heads "$H" --seq-q "$N" --seq-k "$N" --head-dim "$D" --dtype bf16 --no-check --bench --repeat 2)
-tiles=(q_regs); [[ $D == 128 ]] && tiles=(q_regs q_smem q_smem_wide)
+tiles=(q_regs); [[ $D == 128 ]] && tiles=(q_regs q_smem_wide)
 for tile in "${tiles[@]}"; do
   extra=(); [[ $D == 128 ]] && extra=(--tile-d128 "$tile")
   ncu_run "fwd_stage08_$tile" flash_forward_kernel 1 -- "$BUILD/stages/08_tensor_core_fwd/stage08" "${shape[@]}" "${extra[@]}"

@@ -1,7 +1,8 @@
 // Stage 07 (shared-memory fp32 CUDA kernel): the shared matrix, plus what is particular to
-// a GPU kernel: both key-tile widths, the kernel variants (option `variant`), bitwise
-// determinism, the device entry point's refusals, a non-default stream, the launch report,
-// and a tensor of more than 2³¹ elements (FA_TEST_LARGE=1; about 17 GB of GPU memory).
+// a GPU kernel: every step (option `step`), both key-tile widths and both shared-memory
+// layouts (options `block_k`, `smem_layout`), bitwise determinism, the device entry point's
+// refusals, a non-default stream, the launch report, and a tensor of more than 2³¹ elements
+// (FA_TEST_LARGE=1; about 17 GB of GPU memory).
 //
 // Without a GPU only the test suite "cpu" runs (refusals and launch shapes, which are decided
 // before the device is touched). Environment: FA_TEST_SMALL=1 shrinks every case (for
@@ -34,23 +35,21 @@ const fa::StageInfo& stage() { return fa::find_stage("07"); }
 
 
 
-// Sets B_c for the scope of one test and restores the default afterwards.
-struct BlockK {
-  explicit BlockK(int v) { fa::stage07::set_block_k(v); }
-  ~BlockK() { fa::stage07::set_block_k(0); }
-};
+namespace s07 = fa::stage07;
 
-// Sets the load schedule (option `pipeline`) for the scope of one test, then the default.
-struct Pipeline {
-  explicit Pipeline(int v) { fa::stage07::set_pipeline(v); }
-  ~Pipeline() { fa::stage07::set_pipeline(0); }
+// Sets the stage's options for the scope of one test, then restores the defaults.
+struct OptionsScope {
+  explicit OptionsScope(const s07::Options& o) { s07::set_options(o); }
+  ~OptionsScope() { s07::set_options(s07::Options{}); }
 };
-
-// Sets the kernel variant (option `variant`) for the scope of one test, then the default.
-struct Variant {
-  explicit Variant(int v) { fa::stage07::set_variant(v); }
-  ~Variant() { fa::stage07::set_variant(0); }
-};
+s07::Options with(s07::Step step, int block_k = 0, s07::SmemLayout layout = s07::SmemLayout::Auto) {
+  s07::Options o;
+  o.step = step;
+  o.block_k = block_k;
+  o.smem_layout = layout;
+  return o;
+}
+constexpr s07::Step kSteps[] = {s07::Step::SyncLoads, s07::Step::CpAsync, s07::Step::TwoBarriers};
 
 // O and L of one forward (host path) under the options in force, inputs from `seed`.
 fa::Tensors run_forward(const fa::Problem& p, uint64_t seed) {
@@ -80,80 +79,19 @@ TEST_CASE("07: random shapes") {
   fa::test::check_random_shapes(stage(), fa::Dtype::F32, false, fa::test::small_mode() ? 4 : 24);
 }
 
-TEST_CASE("07: both key-tile widths (B_c = 32 and 64) match the reference") {
-  // Tile-size invariance: B_c changes which keys share a tile, and so where the online
-  // softmax rescales; both must agree with the reference on tails, causal and GQA.
-  std::vector<fa::Problem> problems = {
-      make(1, 2, 1, 97, 130, 40, true), make(1, 8, 2, 300, 77, 64, false),
-      make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 96, false)};
-  if (!fa::test::small_mode()) {
-    problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
-    problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
-    problems.push_back(make(1, 2, 1, 513, 513, 16, true));
-  }
-  for (int block_k : {32, 64}) {
-    BlockK scope(block_k);
-    for (const auto& p : problems) {
-      CAPTURE(block_k);
-      CAPTURE(p.describe());
-      CHECK(fa::stage07::launch_shape(p).block_k == block_k);
-      fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
-    }
-  }
-  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 64, false)).block_k == 64);
-  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 128, false)).block_k == 64);  // auto: variant 1
-  Variant padded(4);
-  CHECK(fa::stage07::launch_shape(make(1, 1, 1, 64, 64, 128, false)).block_k == 32);
-}
-
-TEST_CASE("07: the synchronous schedule (pipeline = 2) matches the reference, bitwise the default") {
-  // Only the load schedule changes: every product and sum runs in the same order, so O and
-  // L must equal the default kernel's bit for bit; the reference check covers the tails
-  // (zero-filled copies), causal tiles, GQA and N_k = 0 (no tile, Q copied but unused).
-  std::vector<fa::Problem> problems = {
-      make(1, 2, 1, 97, 130, 40, true),   make(1, 8, 2, 300, 77, 64, false),
-      make(1, 2, 2, 77, 300, 128, true),  make(2, 4, 4, 65, 64, 96, false),
-      make(1, 2, 1, 70, 0, 128, false),   make(1, 1, 1, 1, 1, 16, true),
-      make(1, 2, 2, 200, 33, 128, false)};
-  if (!fa::test::small_mode()) {
-    problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
-    problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
-    problems.push_back(make(2, 4, 2, 513, 700, 128, false));
-  }
-  for (int block_k : {32, 64}) {
-    BlockK scope(block_k);
-    for (const auto& p : problems) {
-      CAPTURE(block_k);
-      CAPTURE(p.describe());
-      fa::Tensors base = fa::Tensors::make(p, 11, fa::Dist::Normal, false);
-      fa::Tensors piped = fa::Tensors::make(p, 11, fa::Dist::Normal, false);
-      stage().forward(p, fa::Dtype::F32, base.Q.data(), base.K.data(), base.V.data(),
-                      base.O.data(), base.L.data());
-      CHECK(fa::stage07::launch_shape(p).pipelined);  // the default is the cp.async pipeline
-      {
-        Pipeline on(2);
-        CHECK_FALSE(fa::stage07::launch_shape(p).pipelined);
-        stage().forward(p, fa::Dtype::F32, piped.Q.data(), piped.K.data(), piped.V.data(),
-                        piped.O.data(), piped.L.data());
-        fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
-        fa::test::expect_pass(stage(), p, fa::Dtype::F32, 8, fa::Dist::LargeLogits, false);
-      }
-      CHECK(std::memcmp(base.O.data(), piped.O.data(), base.O.size() * sizeof(float)) == 0);
-      CHECK(std::memcmp(base.L.data(), piped.L.data(), base.L.size() * sizeof(float)) == 0);
-    }
-  }
-  Pipeline on(2);
-  fa::test::check_adversarial(stage(), fa::Dtype::F32, false);
-}
-
-TEST_CASE("07: each kernel variant passes the shared checks") {
-  // The variants change the thread layout (2: 256 threads, 16 lanes per row), the shared
-  // layout (1, 2: XOR swizzle) and the barrier schedule (1, 2, 3); each must be correct on
-  // every shape the stage handles, so each gets the full shared suite. The default (auto)
-  // runs 1 at d = 128 and 4 elsewhere: forcing 4 covers the padded kernel at d = 128 too.
-  for (int variant : {1, 2, 3, 4}) {
-    CAPTURE(variant);
-    Variant scope(variant);
+TEST_CASE("07: every step passes the shared checks") {
+  // The steps change when tiles are copied and where the block waits; the layouts change
+  // every shared address. Each must be correct on every shape the stage handles, so each
+  // gets the full shared suite: steps 07a and 07b with the default data options, the final
+  // kernel (07c, the default above) with each layout forced (auto runs the swizzled tile at
+  // d = 128 only, the padded one elsewhere).
+  const s07::Options runs[] = {with(s07::Step::SyncLoads), with(s07::Step::CpAsync),
+                               with(s07::Step::TwoBarriers, 0, s07::SmemLayout::Padded),
+                               with(s07::Step::TwoBarriers, 0, s07::SmemLayout::Swizzled)};
+  for (const s07::Options& o : runs) {
+    CAPTURE(s07::step_names()[size_t(o.step)]);
+    CAPTURE(s07::smem_layout_names()[size_t(o.smem_layout)]);
+    OptionsScope scope(o);
     fa::test::check_matrix(stage(), fa::Dtype::F32, false);
     fa::test::check_adversarial(stage(), fa::Dtype::F32, false);
     fa::test::check_properties(stage(), fa::Dtype::F32, false);
@@ -161,12 +99,13 @@ TEST_CASE("07: each kernel variant passes the shared checks") {
   }
 }
 
-TEST_CASE("07: variants on tails, causal, GQA and N_k = 0, both schedules; bitwise where promised") {
-  // Per variant and schedule: the reference check (normal and large logits), and bitwise
-  // equality of the synchronous schedule with the cp.async one (the sums run in the same
-  // order). Variant 3 only removes a barrier, so it must equal the default bit for bit, at
-  // both B_c; variant 1 only changes the shared layout and the barriers of the default
-  // kernel at B_c = 64; variant 2 at a head dim it does not cover runs the default kernel.
+TEST_CASE("07: steps, tile widths and layouts on tails, causal, GQA and N_k = 0; bitwise equal per B_c") {
+  // Tile-size invariance: B_c changes which keys share a tile, and so where the online
+  // softmax rescales; every (step, B_c, layout) must agree with the reference on tails
+  // (zero-filled copies), causal tiles, GQA and N_k = 0 (no tile, Q copied but unused). The
+  // steps change only when tiles are copied and where the block waits, the layout only where
+  // a value sits in shared memory: for one B_c every product and sum runs in the same order,
+  // so all of them must give bitwise the same O and L.
   std::vector<fa::Problem> problems = {
       make(1, 2, 1, 97, 130, 40, true),   make(1, 8, 2, 300, 77, 64, false),
       make(1, 2, 2, 77, 300, 128, true),  make(2, 4, 4, 65, 64, 96, false),
@@ -177,73 +116,59 @@ TEST_CASE("07: variants on tails, causal, GQA and N_k = 0, both schedules; bitwi
     problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
     problems.push_back(make(1, 2, 1, 255, 1024, 80, false));
     problems.push_back(make(2, 4, 2, 513, 700, 128, false));
+    problems.push_back(make(1, 2, 1, 513, 513, 16, true));
   }
-  for (int variant : {1, 2, 3}) {
-    for (int pipeline : {0, 2}) {
-      for (const auto& p : problems) {
-        CAPTURE(variant);
-        CAPTURE(pipeline);
-        CAPTURE(p.describe());
-        fa::Tensors out = [&] {
-          Variant v(variant);
-          Pipeline s(pipeline);
+  for (const auto& p : problems) {
+    for (int block_k : {32, 64}) {
+      std::vector<s07::SmemLayout> layouts{s07::SmemLayout::Padded};
+      if (block_k == 64) layouts.push_back(s07::SmemLayout::Swizzled);
+      bool have_first = false;
+      fa::Tensors first;
+      for (s07::Step step : kSteps) {
+        for (s07::SmemLayout layout : layouts) {
+          CAPTURE(p.describe());
+          CAPTURE(block_k);
+          CAPTURE(s07::step_names()[size_t(step)]);
+          CAPTURE(s07::smem_layout_names()[size_t(layout)]);
+          OptionsScope scope(with(step, block_k, layout));
+          const s07::LaunchShape shape = s07::launch_shape(p);
+          CHECK(shape.block_k == block_k);
+          CHECK(shape.swizzled == (layout == s07::SmemLayout::Swizzled));
           fa::test::expect_pass(stage(), p, fa::Dtype::F32, 7, fa::Dist::Normal, false);
           fa::test::expect_pass(stage(), p, fa::Dtype::F32, 8, fa::Dist::LargeLogits, false);
-          return run_forward(p, 11);
-        }();
-        if (pipeline == 0) {  // the synchronous schedule of the same variant, bit for bit
-          Variant v(variant);
-          Pipeline s(2);
-          CHECK(same_output(out, run_forward(p, 11)));
-        }
-        const int D = fa::stage07::launch_shape(p).head_dim_padded;
-        if (variant == 3 || (variant == 2 && D % 64 != 0)) {
-          Variant padded(4);
-          Pipeline s(pipeline);
-          CHECK(same_output(out, run_forward(p, 11)));  // the padded kernel
-        }
-        if (variant == 3) {
-          BlockK other(D <= 64 ? 32 : 64);  // the other B_c, with and without variant 3
-          Pipeline s(pipeline);
-          const fa::Tensors base = [&] {
-            Variant padded(4);
-            return run_forward(p, 12);
-          }();
-          Variant v(3);
-          CHECK(same_output(base, run_forward(p, 12)));
-        }
-        if (variant == 1) {
-          Variant padded(4);
-          BlockK wide(64);
-          Pipeline s(pipeline);
-          CHECK(same_output(out, run_forward(p, 11)));  // the padded kernel at B_c = 64
+          fa::Tensors out = run_forward(p, 11);
+          if (!have_first) {
+            first = std::move(out);
+            have_first = true;
+          } else {
+            CHECK(same_output(first, out));
+          }
         }
       }
     }
   }
 }
 
-TEST_CASE("07: variants compile without spills and reach their blocks per SM") {
-  // What the notes' occupancy table for the variants promises, read back from the driver:
-  // no local memory (spills) for any variant at d = 64 and 128, and on an H100/H200 (228 KiB
-  // of shared memory per SM) the blocks per SM each variant was sized for at d = 128.
+TEST_CASE("07: steps and layouts compile without spills and reach their blocks per SM") {
+  // What the notes' occupancy tables promise, read back from the driver: no local memory
+  // (spills) for any step and layout at d = 64 and 128, and on an H100/H200 (228 KiB of
+  // shared memory per SM) the blocks per SM each tile was sized for.
   int device = 0;
   cudaDeviceProp prop{};
   FA_CUDA_CHECK(cudaGetDevice(&device));
   FA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   const bool hopper_smem = prop.major == 9 && prop.sharedMemPerMultiprocessor >= 233472;
   struct Expect {
-    int variant, d, blocks_per_sm;
+    s07::SmemLayout layout;
+    int d, blocks_per_sm;
   };
-  for (const Expect e : {Expect{0, 128, 2}, Expect{1, 128, 2}, Expect{2, 128, 2}, Expect{3, 128, 3},
-                         Expect{4, 128, 3}, Expect{0, 64, 3}, Expect{1, 64, 3}, Expect{2, 64, 2},
-                         Expect{3, 64, 3}, Expect{4, 64, 3}}) {
-    for (int pipeline : {0, 2}) {
-      CAPTURE(e.variant);
+  for (const Expect e : {Expect{s07::SmemLayout::Auto, 128, 2}, Expect{s07::SmemLayout::Padded, 128, 3},
+                         Expect{s07::SmemLayout::Auto, 64, 3}, Expect{s07::SmemLayout::Swizzled, 64, 3}}) {
+    for (s07::Step step : kSteps) {
+      CAPTURE(s07::smem_layout_names()[size_t(e.layout)]);
       CAPTURE(e.d);
-      CAPTURE(pipeline);
-      Variant v(e.variant);
-      Pipeline s(pipeline);
+      CAPTURE(s07::step_names()[size_t(step)]);
+      OptionsScope scope(with(step, 0, e.layout));
       std::string all;
       for (const auto& [key, value] : stage().report(make(4, 16, 16, 4096, 4096, e.d, false), fa::Dtype::F32))
         all += key + ": " + value + "\n";
@@ -270,11 +195,9 @@ TEST_SUITE("cpu") {
   TEST_CASE("07: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
 
   TEST_CASE("07: launch shape") {
-    // The padded kernel (variant 4), the one the notes' occupancy section works through;
-    // the swizzled tile auto runs at d = 128 is checked in "launch shapes of the kernel variants".
-    Variant padded(4);
+    // The padded B_c = 32 tile at d = 128, the one the notes' occupancy section works through.
     const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
-    const auto s = fa::stage07::launch_shape(p);
+    const auto s = s07::launch_shape(p, with(s07::Step::Auto, 0, s07::SmemLayout::Padded));
     CHECK(s.head_dim_padded == 128);
     CHECK(s.block_q == 64);
     CHECK(s.block_k == 32);
@@ -283,116 +206,72 @@ TEST_SUITE("cpu") {
     // sQ [64][132] + sK [32][132] + sV [32][128] + sP [64][36] floats
     CHECK(s.shared_bytes == 4 * (64 * 132 + 32 * 132 + 32 * 128 + 64 * 36));
     // sQ [64][68] + sK [64][68] + sV [64][64] + sP [64][68]: d = 40 runs the D = 64 kernel
-    const auto s40 = fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 40, false));
+    const auto s40 = s07::launch_shape(make(1, 1, 1, 1, 1, 40, false));
     CHECK(s40.head_dim_padded == 64);
     CHECK(s40.block_k == 64);
+    CHECK_FALSE(s40.swizzled);
     CHECK(s40.shared_bytes == 4 * (3 * 64 * 68 + 64 * 64));
-    CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
-    CHECK(fa::stage07::launch_shape(make(1, 1, 1, 0, 5, 64, false)).blocks == 0);
-    CHECK_THROWS_AS(fa::stage07::set_block_k(48), std::invalid_argument);
-    {
-      BlockK scope(64);
-      CHECK(fa::stage07::launch_shape(p).block_k == 64);
-    }
-    CHECK(fa::stage07::block_k_option() == 0);
-    // The schedule changes when tiles are copied, not their shapes or shared memory.
-    CHECK(s.pipelined);  // default (0) = cp.async pipeline (1)
-    CHECK_THROWS_AS(fa::stage07::set_pipeline(3), std::invalid_argument);
-    {
-      Pipeline scope(2);
-      const auto sp = fa::stage07::launch_shape(p);
-      CHECK_FALSE(sp.pipelined);
-      CHECK(sp.block_q == s.block_q);
-      CHECK(sp.block_k == s.block_k);
-      CHECK(sp.shared_bytes == s.shared_bytes);
-      CHECK(stage().get_counter("pipeline") == 2);
-    }
-    CHECK(fa::stage07::pipeline_option() == 0);
-    stage().set_option("pipeline", 1);
-    CHECK(fa::stage07::pipeline_option() == 1);
-    stage().set_option("pipeline", 0);
-    CHECK_THROWS_AS(stage().set_option("pipeline", 3), std::invalid_argument);
-    CHECK_THROWS_AS(stage().set_option("pipeline", -1), std::invalid_argument);
+    CHECK(s07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).head_dim_padded == 96);
+    CHECK(s07::launch_shape(make(1, 1, 1, 1, 1, 80, false)).block_k == 32);
+    CHECK(s07::launch_shape(make(1, 1, 1, 0, 5, 64, false)).blocks == 0);
+    // Auto at d = 128: the swizzled B_c = 64 tile, sQ [64][128] + sK [64][128] + sV [64][128]
+    // + sP [64][64] floats, no padding: 114,688 bytes, two blocks per SM on an H200.
+    const auto s0 = s07::launch_shape(p);
+    CHECK(s0.swizzled);
+    CHECK(s0.block_k == 64);
+    CHECK(s0.shared_bytes == 4 * (3 * 64 * 128 + 64 * 64));
+    CHECK(s0.blocks == s.blocks);  // B_r stays 64
+    // block_k = 32 set by hand: auto picks the padded layout (the swizzle is built for 64).
+    const auto s32 = s07::launch_shape(p, with(s07::Step::Auto, 32));
+    CHECK_FALSE(s32.swizzled);
+    CHECK(s32.block_k == 32);
+    CHECK(s32.shared_bytes == s.shared_bytes);
+    const auto s64 = s07::launch_shape(p, with(s07::Step::Auto, 64, s07::SmemLayout::Padded));
+    CHECK(s64.block_k == 64);
+    CHECK(s64.shared_bytes == 4 * (2 * 64 * 132 + 64 * 128 + 64 * 68));
+    CHECK_THROWS_AS(s07::launch_shape(p, with(s07::Step::Auto, 32, s07::SmemLayout::Swizzled)), std::invalid_argument);
   }
 
-  TEST_CASE("07: launch shapes of the kernel variants") {
+  TEST_CASE("07: launch shapes of the steps, and the options") {
     const fa::Problem p = make(2, 3, 1, 130, 64, 128, false);
-    const auto s = [&] {  // the padded kernel
-      Variant padded(4);
-      return fa::stage07::launch_shape(p);
-    }();
-    CHECK(s.variant == 4);
-    CHECK_FALSE(s.swizzled);
-    CHECK(s.barriers == 3);
-    CHECK(s.block_k == 32);
-    {
-      // Auto (the default): variant 1 at d = 128, unless block_k is set; variant 4 elsewhere.
-      const auto s0 = fa::stage07::launch_shape(p);
-      CHECK(s0.variant == 1);
-      CHECK(s0.swizzled);
-      CHECK(s0.block_k == 64);
-      CHECK(s0.barriers == 2);
-      CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 64, false)).variant == 4);
-      CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 96, false)).variant == 4);
-      CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 96, true)).variant == 4);
-      BlockK forced(64);
-      const auto s0k = fa::stage07::launch_shape(p);
-      CHECK(s0k.variant == 4);
-      CHECK_FALSE(s0k.swizzled);
-      CHECK(s0k.block_k == 64);
+    // The steps change the schedule, never the tiles or the shared memory.
+    const auto s = s07::launch_shape(p);
+    CHECK(s.step == 3);  // auto: the final design, 07c
+    CHECK(s.pipelined);
+    CHECK(s.barriers == 2);
+    const auto sa = s07::launch_shape(p, with(s07::Step::SyncLoads));
+    CHECK(sa.step == 1);
+    CHECK_FALSE(sa.pipelined);
+    CHECK(sa.barriers == 3);
+    const auto sb = s07::launch_shape(p, with(s07::Step::CpAsync));
+    CHECK(sb.step == 2);
+    CHECK(sb.pipelined);
+    CHECK(sb.barriers == 3);
+    for (const auto& other : {sa, sb}) {
+      CHECK(other.block_k == s.block_k);
+      CHECK(other.swizzled == s.swizzled);
+      CHECK(other.shared_bytes == s.shared_bytes);
+      CHECK(other.threads == s.threads);
     }
-    {
-      // Variant 1: B_c = 64 whatever block_k says; sQ [64][128] + sK [64][128] + sV [64][128]
-      // + sP [64][64] floats, no padding: 114,688 bytes, two blocks per SM on an H200.
-      Variant v(1);
-      BlockK ignored(32);
-      const auto s1 = fa::stage07::launch_shape(p);
-      CHECK(s1.variant == 1);
-      CHECK(s1.block_k == 64);
-      CHECK(s1.threads == 128);
-      CHECK(s1.swizzled);
-      CHECK(s1.barriers == 2);
-      CHECK(s1.shared_bytes == 4 * (3 * 64 * 128 + 64 * 64));
-      CHECK(s1.blocks == s.blocks);  // B_r stays 64
-      Pipeline sync(2);
-      CHECK(fa::stage07::launch_shape(p).barriers == 3);  // the synchronous schedule keeps 3
-    }
-    {
-      // Variant 2: 256 threads with the same tiles; d = 96 (and 80) runs the padded kernel.
-      Variant v(2);
-      const auto s2 = fa::stage07::launch_shape(p);
-      CHECK(s2.variant == 2);
-      CHECK(s2.threads == 256);
-      CHECK(s2.block_k == 64);
-      CHECK(s2.shared_bytes == 4 * (3 * 64 * 128 + 64 * 64));
-      CHECK(stage().get_counter("threads") == 256);  // Problem{}: d = 64, covered
-      const auto s80 = fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 80, false));
-      CHECK(s80.variant == 4);
-      CHECK(s80.threads == 128);
-      CHECK(s80.block_k == 32);
-      CHECK(s80.barriers == 3);
-      CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 40, false)).variant == 2);
-      CHECK(fa::stage07::launch_shape(make(1, 1, 1, 1, 1, 32, false)).variant == 4);
-    }
-    {
-      // Variant 3: the padded tiles and shared memory, two barriers per tile; block_k applies.
-      Variant v(3);
-      const auto s3 = fa::stage07::launch_shape(p);
-      CHECK(s3.variant == 3);
-      CHECK(s3.block_k == s.block_k);
-      CHECK(s3.shared_bytes == s.shared_bytes);
-      CHECK(s3.threads == 128);
-      CHECK(s3.barriers == 2);
-      BlockK wide(64);
-      CHECK(fa::stage07::launch_shape(p).block_k == 64);
-    }
-    CHECK(fa::stage07::variant_option() == 0);
-    CHECK_THROWS_AS(fa::stage07::set_variant(5), std::invalid_argument);
-    CHECK_THROWS_AS(stage().set_option("variant", -1), std::invalid_argument);
-    stage().set_option("variant", 2);
-    CHECK(stage().get_counter("variant") == 2);
-    stage().set_option("variant", 0);
-    CHECK(fa::stage07::variant_option() == 0);
+    // The options through the stage's table: names and numbers, per thread, refusals.
+    CHECK(s07::current_options().step == s07::Step::Auto);
+    stage().set_option("step", 1);
+    CHECK(s07::current_options().step == s07::Step::SyncLoads);
+    CHECK(s07::launch_shape(p).step == 1);
+    CHECK(stage().get_counter("step") == 1);
+    stage().set_option("step", 0);
+    CHECK_THROWS_AS(stage().set_option("step", 4), std::invalid_argument);
+    CHECK_THROWS_AS(stage().set_option("step", -1), std::invalid_argument);
+    CHECK_THROWS_AS(stage().set_option("block_k", 48), std::invalid_argument);
+    CHECK_THROWS_AS(stage().set_option("smem_layout", 3), std::invalid_argument);
+    stage().set_option("smem_layout", 2);
+    CHECK(stage().get_counter("smem_layout") == 2);
+    stage().set_option("block_k", 32);
+    CHECK_THROWS_AS(s07::launch_shape(p), std::invalid_argument);  // swizzled with B_c = 32
+    stage().set_option("block_k", 0);
+    stage().set_option("smem_layout", 0);
+    CHECK(s07::current_options().block_k == 0);
+    CHECK(stage().get_counter("threads") == 128);
   }
 
   TEST_CASE("07: the device entry point refuses bad input before touching the GPU") {

@@ -8,7 +8,8 @@
 //   ldmatrix and the m16n8k16 fragments (emulated here), the reuse of S's accumulators as
 //   the A operand of P·V, and the causal tile ranges against Problem::visible_keys.
 // GPU tests: check_matrix / adversarial / properties / refusals / random shapes for BF16 and
-//   F16; every ablation variant and all three d = 128 tiles against the reference; refusals of
+//   F16, for the default and for step 08a (bitwise equal to the default: only the loads move);
+//   every ablation variant and both d = 128 tiles against the reference; refusals of
 //   misaligned pointers, head dims and dtypes at the device entry (nothing written); empty
 //   sequences; a non-default stream; the launch report; > 2³¹ elements (FA_TEST_LARGE=1).
 //
@@ -326,15 +327,24 @@ const fa::StageInfo& stage() { return fa::find_stage("08"); }
 // Selects a kernel variant for the scope of one test, through the C ABI's path
 // (StageInfo::set_option), and puts the default back afterwards.
 struct Variant {
-  Variant(s8::Ablation a, s8::TileD128 t) {
+  Variant(s8::Ablation a, s8::TileD128 t, s8::Step step = s8::Step::Auto) {
+    stage().set_option("step", int64_t(step));
     stage().set_option("ablation", int64_t(a));
     stage().set_option("tile_d128", int64_t(t));
   }
   ~Variant() {
+    stage().set_option("step", 0);
     stage().set_option("ablation", 0);
     stage().set_option("tile_d128", 0);
   }
 };
+
+// O and L of one forward (host path) under the options in force.
+fa::Tensors run_forward(const fa::Problem& p, fa::Dtype t, uint64_t seed) {
+  fa::Tensors x = fa::Tensors::make(p, seed, fa::Dist::Normal, false);
+  stage().forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+  return x;
+}
 
 }  // namespace
 
@@ -363,6 +373,43 @@ TEST_CASE("08: random shapes, bf16 and f16") {
   fa::test::check_random_shapes(stage(), fa::Dtype::F16, false, fa::test::small_mode() ? 4 : 24);
 }
 
+TEST_CASE("08: step 08a (one K/V buffer) passes the shared checks, bf16 and f16") {
+  const Variant v(s8::Ablation::None, s8::TileD128::Auto, s8::Step::OneBuffer);
+  for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
+    fa::test::check_matrix(stage(), t, false);
+    fa::test::check_adversarial(stage(), t, false);
+    fa::test::check_properties(stage(), t, false);
+    fa::test::check_random_shapes(stage(), t, false, fa::test::small_mode() ? 4 : 12);
+  }
+}
+
+TEST_CASE("08: step 08a and 08b give bitwise the same O and L (only the loads move)") {
+  // The steps differ in when K_j, V_j are copied, not in the order of any product or sum.
+  std::vector<fa::Problem> problems;
+  for (int d : {32, 64, 96, 128, 256}) {
+    problems.push_back(make(1, 4, 2, 200, 200, d, true));  // square causal: on- and off-band tiles
+    problems.push_back(make(2, 2, 2, 130, 77, d, false));  // ragged key tail, rows past seq_q
+    problems.push_back(make(1, 2, 1, 70, 0, d, true));     // no key at all
+  }
+  if (!fa::test::small_mode()) problems.push_back(make(1, 2, 1, 1025, 1025, 128, false));
+  for (auto tile : {s8::TileD128::QInRegisters, s8::TileD128::QInSharedWide})
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+      for (const auto& p : problems) {
+        if (p.head_dim != 128 && tile != s8::TileD128::QInRegisters) continue;
+        CAPTURE(p.describe());
+        CAPTURE(fa::dtype_name(t));
+        CAPTURE(int(tile));
+        const fa::Tensors one = [&] {
+          const Variant v(s8::Ablation::None, tile, s8::Step::OneBuffer);
+          return run_forward(p, t, 61);
+        }();
+        const Variant v(s8::Ablation::None, tile, s8::Step::DoubleBuffer);
+        const fa::Tensors two = run_forward(p, t, 61);
+        CHECK(fa::test::bitwise_equal(one.O, two.O));
+        CHECK(fa::test::bitwise_equal(one.L, two.L));
+      }
+}
+
 TEST_CASE("08: every ablation variant still computes attention (bf16, d = 64 and 128)") {
   // Each variant turns one optimisation off; none may change the result beyond rounding.
   std::vector<fa::Problem> problems;
@@ -372,52 +419,63 @@ TEST_CASE("08: every ablation variant still computes attention (bf16, d = 64 and
     problems.push_back(make(2, 2, 2, 130, 77, d, false));   // ragged key tail, rows past seq_q
     if (!fa::test::small_mode()) problems.push_back(make(1, 2, 1, 1025, 1025, d, true));
   }
-  for (size_t a = 0; a < s8::ablation_names().size(); ++a) {
-    const Variant v(s8::Ablation(a), s8::TileD128::QInRegisters);
+  for (const auto& [value, name] : s8::ablation_values()) {
+    const Variant v(s8::Ablation(value), s8::TileD128::QInRegisters);
     for (const auto& p : problems) {
-      CAPTURE(s8::ablation_names()[a]);
-      fa::test::expect_pass(stage(), p, fa::Dtype::BF16, 31 + a, fa::Dist::Normal, false);
+      CAPTURE(name);
+      fa::test::expect_pass(stage(), p, fa::Dtype::BF16, uint64_t(31 + value), fa::Dist::Normal, false);
     }
   }
-  // Logits in the hundreds through the unfolded exponential too.
-  const Variant v(s8::Ablation::NoExp2, s8::TileD128::QInRegisters);
+  // Logits in the hundreds through the mask on every tile too.
+  const Variant v(s8::Ablation::NoCausalSplit, s8::TileD128::QInRegisters);
   fa::test::expect_pass(stage(), make(1, 2, 1, 97, 77, 64, true), fa::Dtype::BF16, 5, fa::Dist::LargeLogits, false);
 }
 
-TEST_CASE("08: ablations outside bf16 at d = 64, 128 are refused by name") {
-  const Variant v(s8::Ablation::NoSwizzle, s8::TileD128::QInRegisters);
-  for (auto [d, dtype] : {std::pair{64, fa::Dtype::F16}, std::pair{32, fa::Dtype::BF16}}) {
-    fa::Problem p = make(1, 1, 1, 16, 16, d, false);
+TEST_CASE("08: ablations outside bf16 at d = 64, 128 of step 08b are refused by name") {
+  {
+    const Variant v(s8::Ablation::NoSwizzle, s8::TileD128::QInRegisters);
+    for (auto [d, dtype] : {std::pair{64, fa::Dtype::F16}, std::pair{32, fa::Dtype::BF16}}) {
+      fa::Problem p = make(1, 1, 1, 16, 16, d, false);
+      fa::Tensors x = fa::Tensors::make(p, 1, fa::Dist::Normal, false);
+      std::string msg;
+      try {
+        stage().forward(p, dtype, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+      } catch (const std::invalid_argument& e) {
+        msg = e.what();
+      }
+      INFO(msg);
+      CHECK(msg.find("no_swizzle") != std::string::npos);
+      CHECK(msg.find("08_tensor_core_fwd") != std::string::npos);
+    }
+    CHECK(stage().get_counter("ablation") == int64_t(s8::Ablation::NoSwizzle));
+  }
+  {
+    const Variant v(s8::Ablation::Padded, s8::TileD128::Auto, s8::Step::OneBuffer);
+    fa::Problem p = make(1, 1, 1, 16, 16, 64, false);
     fa::Tensors x = fa::Tensors::make(p, 1, fa::Dist::Normal, false);
     std::string msg;
     try {
-      stage().forward(p, dtype, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+      stage().forward(p, fa::Dtype::BF16, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
     } catch (const std::invalid_argument& e) {
       msg = e.what();
     }
     INFO(msg);
-    CHECK(msg.find("no_swizzle") != std::string::npos);
-    CHECK(msg.find("08_tensor_core_fwd") != std::string::npos);
+    CHECK(msg.find("padded") != std::string::npos);
+    CHECK(msg.find("step 08a") != std::string::npos);
   }
-  CHECK_THROWS_AS(stage().set_option("ablation", 6), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("tile_d128", 4), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("tile_d128", -1), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("block_n", 64), std::invalid_argument);
-  CHECK(stage().get_counter("ablation") == int64_t(s8::Ablation::NoSwizzle));
 }
 
-TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow and wide) matches the reference") {
-  // Tile-size invariance: B_r = 64 / B_c = 64, B_r = 128 / B_c = 32 and B_r = 128 / B_c = 64
-  // put different keys and rows together, so the online softmax rescales at different points.
+TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory and wide) matches the reference") {
+  // Tile-size invariance: B_r = 64 / B_c = 64 and B_r = 128 / B_c = 64 put different rows
+  // together, so the online softmax rescales at different points.
   std::vector<fa::Problem> problems = {make(1, 2, 1, 97, 130, 128, true), make(1, 8, 2, 300, 77, 128, false),
                                        make(1, 2, 2, 77, 300, 128, true), make(2, 4, 4, 65, 64, 128, false)};
   if (!fa::test::small_mode()) problems.push_back(make(1, 4, 2, 1025, 1025, 128, true));
-  for (auto tile : {s8::TileD128::Auto, s8::TileD128::QInRegisters, s8::TileD128::QInShared,
-                    s8::TileD128::QInSharedWide}) {
-    const Variant v(s8::Ablation::None, tile);
+  for (const auto& [value, name] : s8::tile_d128_values()) {
+    const Variant v(s8::Ablation::None, s8::TileD128(value));
     for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
       for (const auto& p : problems) {
-        CAPTURE(s8::tile_d128_names()[size_t(tile)]);
+        CAPTURE(name);
         fa::test::expect_pass(stage(), p, t, 41, fa::Dist::Normal, false);
       }
   }
@@ -429,7 +487,7 @@ TEST_CASE("08: every d = 128 tile (Q in registers, Q in shared memory, narrow an
   INFO(all);
   CHECK(all.find("B_r=128 B_c=64") != std::string::npos);
   CHECK(all.find("Q in shared memory") != std::string::npos);
-  CHECK(all.find("98304 dynamic") != std::string::npos);  // Q 32 KB + 2 stages × (K, V) 16 KB
+  CHECK(all.find("98304 dynamic") != std::string::npos);  // Q 32 KB + 2 buffers × (K, V) 16 KB
 }
 
 TEST_CASE("08: tile_d128 = auto takes the wide tile without a causal mask and q_regs with one") {
@@ -529,6 +587,22 @@ TEST_CASE("08: device pointers on a non-default stream give the host path's resu
   }
 }
 
+TEST_CASE("08: the options: steps, ablations and tiles by number, the rest refused" * doctest::test_suite("cpu")) {
+  CHECK(s8::step_names() == std::vector<std::string>{"auto", "08a", "08b"});
+  for (int k : {1, 2, 0}) {
+    stage().set_option("step", k);
+    CHECK(stage().get_counter("step") == k);
+    CHECK(s8::current_options().step == s8::Step(k));
+  }
+  for (int64_t bad : {1, 5, 6, -1}) CHECK_THROWS_AS(stage().set_option("ablation", bad), std::invalid_argument);
+  for (int64_t bad : {2, 4, -1}) CHECK_THROWS_AS(stage().set_option("tile_d128", bad), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("step", 3), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("block_n", 64), std::invalid_argument);
+  CHECK(s8::parse_ablation("no_causal_split") == s8::Ablation::NoCausalSplit);
+  CHECK_THROWS_AS(s8::parse_ablation("no_exp2"), std::invalid_argument);
+  CHECK(s8::ablation_name(s8::Ablation::Padded) == "padded");
+}
+
 TEST_CASE("08: launch report") {
   const fa::Problem p = make(2, 3, 1, 130, 64, 64, true);
   std::string all;
@@ -539,7 +613,15 @@ TEST_CASE("08: launch report") {
   CHECK(all.find("4 warps") != std::string::npos);
   CHECK(all.find("registers") != std::string::npos);
   CHECK(all.find("occupancy") != std::string::npos);
-  CHECK(all.find("49152 dynamic") != std::string::npos);  // Q 16 KB + 2 stages × (K, V) 8 KB
+  CHECK(all.find("49152 dynamic") != std::string::npos);  // Q 16 KB + 2 buffers × (K, V) 8 KB
+  CHECK(all.find("step: 08b (auto)") != std::string::npos);
+  const Variant v(s8::Ablation::None, s8::TileD128::Auto, s8::Step::OneBuffer);
+  std::string one;
+  for (const auto& [key, value] : stage().report(p, fa::Dtype::BF16)) one += key + ": " + value + "\n";
+  INFO(one);
+  CHECK(one.find("step: 08a") != std::string::npos);
+  CHECK(one.find("1 K/V buffer(s)") != std::string::npos);
+  CHECK(one.find("32768 dynamic") != std::string::npos);  // Q 16 KB + 1 buffer × (K, V) 8 KB
 }
 
 TEST_CASE("08: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {

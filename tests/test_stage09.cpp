@@ -1,9 +1,10 @@
 // Stage 09 (tensor-core backward) against the shared matrix (docs/design.md §6), in bf16 and fp16
-// and in both dQ modes, plus its own checks: the deterministic mode is bitwise
-// reproducible, stage 08's forward followed by stage 09's backward gives the reference's
-// gradients, the device entry point refuses bad pointers without writing, the query-tile
-// arithmetic is exact, the ablation variants are correct, and one problem of more than
-// 2^31 elements runs (64-bit offsets). Needs a GPU (exits 77 without one).
+// and in every step (option `step`: 09a dQ by a second pass, 09b dQ by atomics, 09c the 4 × 2
+// warp grid), plus its own checks: step 09a is bitwise reproducible, stage 08's forward
+// followed by stage 09's backward gives the reference's gradients, the device entry point
+// refuses bad pointers without writing, the query-tile arithmetic and the warp grids are
+// exact, and one problem of more than 2^31 elements runs (64-bit offsets). Needs a GPU
+// (exits 77 without one), except the suite "cpu".
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -41,29 +42,30 @@ struct OptionsScope {
   ~OptionsScope() { s09::set_options(saved); }
 };
 
-s09::Options deterministic() {
+s09::Options step(s09::Step st) {
   s09::Options o;
-  o.deterministic = true;
+  o.step = st;
   return o;
 }
-
-
-
+/// Step 09a: dQ by a second kernel, bitwise reproducible.
+s09::Options deterministic() { return step(s09::Step::DqPass); }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
-// The shared matrix, both dtypes, both dQ modes (check_backward runs the stage's forward,
-// which is stage 08's, then this backward, and compares O, L, dQ, dK, dV).
+// The shared matrix, both dtypes, the default (auto: 09b at d = 64, 09c at d = 128) and
+// step 09a (check_backward runs the stage's forward, which is stage 08's, then this
+// backward, and compares O, L, dQ, dK, dV). Steps 09b and 09c at the head dim auto does
+// not give them: "steps forced" below.
 // ---------------------------------------------------------------------------------------
 
 TEST_CASE("stage 09: shape matrix, bf16, dQ by atomics") { fa::test::check_matrix(stage(), fa::Dtype::BF16, true); }
 TEST_CASE("stage 09: shape matrix, f16, dQ by atomics") { fa::test::check_matrix(stage(), fa::Dtype::F16, true); }
-TEST_CASE("stage 09: shape matrix, bf16, deterministic dQ") {
+TEST_CASE("stage 09: shape matrix, bf16, step 09a (deterministic dQ)") {
   OptionsScope scope(deterministic());
   fa::test::check_matrix(stage(), fa::Dtype::BF16, true);
 }
-TEST_CASE("stage 09: shape matrix, f16, deterministic dQ") {
+TEST_CASE("stage 09: shape matrix, f16, step 09a (deterministic dQ)") {
   OptionsScope scope(deterministic());
   fa::test::check_matrix(stage(), fa::Dtype::F16, true);
 }
@@ -97,11 +99,11 @@ TEST_CASE("stage 09: random shapes") {
 }
 
 // ---------------------------------------------------------------------------------------
-// Determinism: the deterministic mode gives bitwise the same dQ, dK, dV twice, on shapes
+// Determinism: step 09a gives bitwise the same dQ, dK, dV twice, on shapes
 // where many key tiles (and, for dK/dV, many query heads) add into each result.
 // ---------------------------------------------------------------------------------------
 
-TEST_CASE("stage 09: deterministic mode is bitwise reproducible") {
+TEST_CASE("stage 09: step 09a is bitwise reproducible") {
   OptionsScope scope(deterministic());
   for (int d : {64, 128})
     for (bool causal : {false, true}) {
@@ -119,6 +121,31 @@ TEST_CASE("stage 09: deterministic mode is bitwise reproducible") {
                            dQ[run].data(), dK[run].data(), dV[run].data());
         }
         CHECK_MESSAGE(bitwise_equal(dQ[0], dQ[1]), "dQ differs between two deterministic runs");
+        // Options::deterministic (for callers that need reproducible bits, not a step) runs
+        // 09a whatever the step says: the same bits through the device entry point.
+        {
+          s09::Options any_step = step(s09::Step::WarpGrid);
+          any_step.deterministic = true;
+          const size_t es = 2;
+          fa::DeviceBuffer Qd(p.q_elems() * es, "Q"), Kd(p.kv_elems() * es, "K"), Vd(p.kv_elems() * es, "V"),
+              Od(p.q_elems() * es, "O"), Ld(p.l_elems() * 4, "L"), dOd(p.q_elems() * es, "dO"),
+              dQd(p.q_elems() * es, "dQ"), dKd(p.kv_elems() * es, "dK"), dVd(p.kv_elems() * es, "dV");
+          fa::upload(t, x.Q.data(), Qd.get(), p.q_elems(), nullptr);
+          fa::upload(t, x.K.data(), Kd.get(), p.kv_elems(), nullptr);
+          fa::upload(t, x.V.data(), Vd.get(), p.kv_elems(), nullptr);
+          fa::upload(t, x.O.data(), Od.get(), p.q_elems(), nullptr);
+          fa::upload(fa::Dtype::F32, x.L.data(), Ld.get(), p.l_elems(), nullptr);
+          fa::upload(t, x.dO.data(), dOd.get(), p.q_elems(), nullptr);
+          s09::backward(p, t, Qd.get(), Kd.get(), Vd.get(), Od.get(), Ld.as<float>(), dOd.get(), dQd.get(), dKd.get(),
+                        dVd.get(), nullptr, any_step);
+          std::vector<float> dQ2(x.dQ.size()), dK2(x.dK.size()), dV2(x.dV.size());
+          fa::download(t, dQd.get(), dQ2.data(), p.q_elems(), nullptr);
+          fa::download(t, dKd.get(), dK2.data(), p.kv_elems(), nullptr);
+          fa::download(t, dVd.get(), dV2.data(), p.kv_elems(), nullptr);
+          CHECK(bitwise_equal(dQ[0], dQ2));
+          CHECK(bitwise_equal(dK[0], dK2));
+          CHECK(bitwise_equal(dV[0], dV2));
+        }
         CHECK_MESSAGE(bitwise_equal(dK[0], dK[1]), "dK differs between two deterministic runs");
         CHECK_MESSAGE(bitwise_equal(dV[0], dV[1]), "dV differs between two deterministic runs");
         // And the result is right, not merely repeatable.
@@ -132,7 +159,7 @@ TEST_CASE("stage 09: deterministic mode is bitwise reproducible") {
     }
 }
 
-TEST_CASE("stage 09: both dQ modes agree within tolerance, and dK, dV are reproducible in atomic mode") {
+TEST_CASE("stage 09: atomic dQ (auto) and step 09a agree within tolerance; dK, dV reproducible with atomics") {
   const fa::Problem p = make(1, 4, 1, 257, 700, 128, true);
   const fa::Dtype t = fa::Dtype::BF16;
   fa::Tensors x = fa::Tensors::make(p, 43, fa::Dist::Normal, true);
@@ -229,37 +256,20 @@ TEST_CASE("stage 09: the device backward refuses bad pointers, dtypes and head d
   }
 }
 
-TEST_CASE("stage 09: options by name") {
+TEST_CASE("stage 09: options by name" * doctest::test_suite("cpu")) {
   OptionsScope scope(s09::Options{});
-  stage().set_option("deterministic", 1);
-  CHECK(stage().get_counter("deterministic") == 1);
-  CHECK(s09::current_options().deterministic);
-  stage().set_option("deterministic", 0);
-  CHECK_FALSE(s09::current_options().deterministic);
-  CHECK_THROWS_AS(stage().set_option("deterministic", 2), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("ablation", 7), std::invalid_argument);
+  CHECK(s09::current_options().step == s09::Step::Auto);
+  CHECK(s09::step_names() == std::vector<std::string>{"auto", "09a", "09b", "09c"});
+  for (int k = 1; k <= 3; ++k) {
+    stage().set_option("step", k);
+    CHECK(stage().get_counter("step") == k);
+    CHECK(s09::current_options().step == s09::Step(k));
+  }
+  stage().set_option("step", 0);
+  CHECK(s09::current_options().step == s09::Step::Auto);
+  CHECK_THROWS_AS(stage().set_option("step", 4), std::invalid_argument);
+  CHECK_THROWS_AS(stage().set_option("step", -1), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("no_such_option", 0), std::invalid_argument);
-  stage().set_option("tile", 1);
-  CHECK(s09::current_options().tile == s09::Tile::Narrow);
-  CHECK(stage().get_counter("tile") == 1);
-  CHECK_THROWS_AS(stage().set_option("tile", 2), std::invalid_argument);
-  stage().set_option("schedule", 1);
-  CHECK(s09::current_options().schedule == s09::Schedule::OneBarrier);
-  CHECK(stage().get_counter("schedule") == 1);
-  CHECK_THROWS_AS(stage().set_option("schedule", 2), std::invalid_argument);
-  CHECK(s09::Options{}.layout == s09::WarpLayout::Auto);
-  stage().set_option("layout", 2);
-  CHECK(s09::current_options().layout == s09::WarpLayout::PSmem);
-  CHECK(stage().get_counter("layout") == 2);
-  stage().set_option("layout", 1);
-  CHECK(s09::current_options().layout == s09::WarpLayout::PRegs);
-  stage().set_option("layout", 0);
-  CHECK(s09::current_options().layout == s09::WarpLayout::Auto);
-  CHECK_THROWS_AS(stage().set_option("layout", 3), std::invalid_argument);
-  CHECK_THROWS_AS(stage().set_option("layout", -1), std::invalid_argument);
-  CHECK(s09::layout_names() == std::vector<std::string>{"auto", "p_regs", "p_smem"});
-  CHECK(s09::parse_ablation("no_swizzle") == s09::Ablation::NoSwizzle);
-  CHECK_THROWS_AS(s09::parse_ablation("fast"), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -315,14 +325,14 @@ TEST_CASE("stage 09: query_tile_range and visible_query_columns agree with Probl
 }
 
 // ---------------------------------------------------------------------------------------
-// The warp grids of the dK/dV kernel (bwd_traits.cuh), on the host. For the default tile
-// (p_regs) and layout p_smem at both head dims: the warps' Sᵀ fragments (C fragments: the
+// The warp grids of the dK/dV kernel (bwd_traits.cuh), on the host. For the 8 × 1 grid of
+// steps 09a, 09b and the 4 × 2 grid of step 09c at both head dims: the warps' Sᵀ fragments (C fragments: the
 // thread (g, t) of warp w holds key warp_key0(w) + 16mi + g + 8h, query warp_q0(w) + 8nt +
 // 2t + e) cover the [B_c, B_r] tile exactly once, and their Elem stores (smem_offset, as
 // store_c_fragments writes them) hit every element of the Pᵀ / dSᵀ tile exactly once; the
 // dK_j, dV_j fragments (columns warp_col0(w) + 8dt + 2t + e) cover [B_c, d] exactly once,
-// and so do the epilogue's stores into the K_j, V_j buffers. p_smem keeps p_regs'
-// registers per thread and its shared memory is what the notes say.
+// and so do the epilogue's stores into the K_j, V_j buffers. 09c keeps 09b's registers per
+// thread and its shared memory is what the notes say.
 // ---------------------------------------------------------------------------------------
 
 namespace {
@@ -381,30 +391,28 @@ void check_same_registers() {
 
 }  // namespace
 
-TEST_CASE("stage 09: the warp grids of both layouts cover their tiles exactly once" * doctest::test_suite("cpu")) {
+TEST_CASE("stage 09: the warp grids of every step cover their tiles exactly once" * doctest::test_suite("cpu")) {
   using T64 = s09::DefaultTiles<64>;
   using T128 = s09::DefaultTiles<128>;
   check_warp_grid<T64::DkDv>();
   check_warp_grid<T128::DkDv>();
-  check_warp_grid<T64::DkDvNarrow>();
-  check_warp_grid<T128::DkDvNarrow>();
   check_warp_grid<T64::DkDvPSmem>();
   check_warp_grid<T128::DkDvPSmem>();
   static_assert(!T64::DkDv::kPInSmem && !T128::DkDv::kPInSmem && T64::DkDvPSmem::kPInSmem &&
                 T128::DkDvPSmem::kPInSmem);
-  // The same B_r, B_c and warps as the default, the same registers per thread.
+  // The same B_r, B_c and warps as steps 09a and 09b, the same registers per thread.
   check_same_registers<T64::DkDvPSmem, T64::DkDv>();
   check_same_registers<T128::DkDvPSmem, T128::DkDv>();
   CHECK(T64::DkDvPSmem::kBlockM == T64::DkDv::kBlockM);
   CHECK(T128::DkDvPSmem::kBlockN == T128::DkDv::kBlockN);
-  // Shared memory: the default plus one Pᵀ tile [B_c, B_r] of 16-bit elements.
+  // Shared memory: 09b's plus one Pᵀ tile [B_c, B_r] of 16-bit elements.
   CHECK(T64::DkDv::kSmemBytes == 130 * 1024);
   CHECK(T64::DkDvPSmem::kSmemBytes == 162 * 1024);
   CHECK(T128::DkDv::kSmemBytes == 145 * 1024);
   CHECK(T128::DkDvPSmem::kSmemBytes == 161 * 1024);
 }
 
-// In layout p_smem a warp masks its block of Sᵀ as a query tile of its own: kQueriesPerWarp
+// In step 09c a warp masks its block of Sᵀ as a query tile of its own: kQueriesPerWarp
 // columns from q0 + warp_q0 (the kernel's mask call). That must keep exactly the columns
 // the whole tile's mask keeps, on every key of every visited tile.
 TEST_CASE("stage 09: a warp's block of queries is masked like its columns of the whole tile" *
@@ -442,196 +450,99 @@ TEST_CASE("stage 09: a warp's block of queries is masked like its columns of the
 }
 
 // ---------------------------------------------------------------------------------------
-// The ablation variants compute the same gradients (bf16, both head dims).
+// Every step, forced at both head dims and in both dtypes.
 // ---------------------------------------------------------------------------------------
 
-// The message of the std::invalid_argument a small backward in `t` throws under the options in
-// force (empty when it runs): how the tests check that a combination is refused by name.
-std::string refusal_message(fa::Dtype t = fa::Dtype::BF16) {
-  try {
-    fa::test::expect_pass(stage(), make(1, 1, 1, 16, 16, 64, false), t, 1, fa::Dist::Normal, true);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return {};
-}
-
-TEST_CASE("stage 09: ablation variants are correct") {
-  for (s09::Ablation a : {s09::Ablation::NoPipeline, s09::Ablation::NoSwizzle}) {
-    s09::Options o;
-    o.ablation = a;
-    OptionsScope scope(o);
-    INFO("ablation " << s09::ablation_names()[size_t(a)]);
-    uint64_t seed = 500;
-    for (int d : {64, 128})
-      for (const fa::Problem& p : {make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
-                                   make(1, 2, 1, 97, 513, d, true)})
-        fa::test::expect_pass(stage(), p, fa::Dtype::BF16, seed++, fa::Dist::Normal, true);
-    // Ablations are built for bf16 only; f16 is refused by name.
-    CHECK(refusal_message(fa::Dtype::F16).find("bf16 only") != std::string::npos);
-  }
-}
-
-// Every problem `shapes(d)` lists, in bf16 and fp16, at d = 64 and 128, under the options
-// `o` in both dQ modes (atomic, then deterministic), against the reference backward; the
-// input seeds count up from `seed`.
+// Every problem `shapes(d)` lists, in bf16 and fp16, at d = 64 and 128, under step `st`,
+// against the reference backward; the input seeds count up from `seed`.
 template <class Shapes>
-void expect_options_pass(s09::Options o, const std::string& name, uint64_t seed, Shapes shapes) {
-  for (bool det : {false, true}) {
-    o.deterministic = det;
-    OptionsScope scope(o);
-    INFO(name << ", deterministic = " << det);
-    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
-      for (int d : {64, 128})
-        for (const fa::Problem& p : shapes(d)) fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
-  }
+void expect_step_pass(s09::Step st, uint64_t seed, Shapes shapes) {
+  OptionsScope scope(step(st));
+  INFO("step " << s09::step_names()[size_t(st)]);
+  for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
+    for (int d : {64, 128})
+      for (const fa::Problem& p : shapes(d)) fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
 }
 
-TEST_CASE("stage 09: the narrow tiles are correct (both dtypes, both dQ modes)") {
-  s09::Options o;
-  o.tile = s09::Tile::Narrow;
-  expect_options_pass(o, "narrow tile", 600, [](int d) {
-    return std::vector<fa::Problem>{make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
-                                    make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true)};
-  });
-}
-
-// The one-barrier schedule (dSᵀ double-buffered): the same gradients, both dtypes, both
-// modes; lengths that give 1, 2 and many steps per block, GQA (the steps cross heads).
-TEST_CASE("stage 09: the one_barrier schedule is correct (both dtypes, both dQ modes)") {
-  {
-    s09::Options o;
-    o.schedule = s09::Schedule::OneBarrier;
-    expect_options_pass(o, "one_barrier", 700, [](int d) {
-      return std::vector<fa::Problem>{make(1, 4, 2, 300, 77, d, true), make(2, 2, 2, 255, 255, d, false),
-                                      make(1, 2, 1, 97, 513, d, true), make(1, 8, 2, 128, 128, d, true),
-                                      make(1, 1, 1, 1, 1, d, false), make(1, 2, 2, 1000, 130, d, false)};
-    });
-  }
-  // Built on the wide tile without ablations only; other combinations are refused by name.
-  for (const bool narrow : {true, false}) {
-    s09::Options o;
-    o.schedule = s09::Schedule::OneBarrier;
-    if (narrow) o.tile = s09::Tile::Narrow;
-    else o.ablation = s09::Ablation::NoPipeline;
-    OptionsScope scope(o);
-    const std::string msg = refusal_message();
-    INFO("message: '" << msg << "'");
-    CHECK(msg.find("one_barrier") != std::string::npos);
-    CHECK(msg.find(narrow ? "tile narrow" : "ablation no_pipeline") != std::string::npos);
-  }
-}
-
-// The p_smem warp layout (warps 4 × 2, Pᵀ and dSᵀ through shared memory): the same
-// gradients, both dtypes, both modes. Besides the one_barrier shapes, lengths whose ragged
-// last query tile or causal diagonal ends inside one warp's half of the queries (B_r = 64
-// at d = 128, 128 at d = 64: 20, 84, 150, 200 queries), rows that see no key (causal,
-// N_q > N_k), several key tiles with a ragged last one (N_k = 333), and GQA.
-TEST_CASE("stage 09: the p_smem warp layout is correct (both dtypes, both dQ modes)") {
-  {
-    s09::Options o;
-    o.layout = s09::WarpLayout::PSmem;
-    expect_options_pass(o, "layout p_smem", 800, [](int d) {
+// Lengths that give 1, 2 and many steps per block; GQA (the steps cross heads); ragged last
+// query tiles or causal diagonals that end inside one warp's half of the queries in 09c
+// (B_r = 64 at d = 128, 128 at d = 64: 20, 84, 150, 200 queries); rows that see no key
+// (causal, N_q > N_k); several key tiles with a ragged last one (N_k = 333).
+TEST_CASE("stage 09: every step is correct on tails, causal diagonals and GQA (both dtypes)") {
+  uint64_t seed = 600;
+  for (s09::Step st : {s09::Step::DqPass, s09::Step::DqAtomics, s09::Step::WarpGrid}) {
+    expect_step_pass(st, seed, [](int d) {
       return std::vector<fa::Problem>{
           make(1, 4, 2, 300, 77, d, true),   make(2, 2, 2, 255, 255, d, false), make(1, 2, 1, 97, 513, d, true),
           make(1, 8, 2, 128, 128, d, true),  make(1, 1, 1, 1, 1, d, false),     make(1, 2, 2, 1000, 130, d, false),
           make(1, 2, 1, 20, 333, d, true),   make(1, 2, 1, 84, 84, d, true),    make(1, 2, 1, 150, 333, d, true),
-          make(1, 4, 2, 200, 150, d, true),  make(1, 2, 2, 333, 200, d, false)};
+          make(1, 4, 2, 200, 150, d, true),  make(1, 2, 2, 333, 200, d, false), make(1, 2, 1, 64, 64, d, true)};
     });
+    seed += 100;
   }
-  // Both layouts on the same inputs pass; in atomic mode p_smem's dK and dV, like
-  // p_regs', are bitwise reproducible (only dQ's atomics depend on the order of blocks).
-  {
-    const fa::Problem p = make(1, 4, 2, 257, 300, 128, true);
-    const fa::Dtype t = fa::Dtype::BF16;
-    fa::Tensors x = fa::Tensors::make(p, 45, fa::Dist::Normal, true);
-    stage().forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
-    fa::Tensors regs = x, smem = x, smem2 = x;
-    {
-      s09::Options o;
-      o.layout = s09::WarpLayout::PRegs;
-      OptionsScope scope(o);
+}
+
+// The atomic steps on the same inputs pass; their dK and dV are bitwise reproducible (only
+// dQ's atomics depend on the order of blocks).
+TEST_CASE("stage 09: steps 09b and 09c agree with the reference; their dK, dV are reproducible") {
+  const fa::Problem p = make(1, 4, 2, 257, 300, 128, true);
+  const fa::Dtype t = fa::Dtype::BF16;
+  fa::Tensors x = fa::Tensors::make(p, 45, fa::Dist::Normal, true);
+  stage().forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
+  for (s09::Step st : {s09::Step::DqAtomics, s09::Step::WarpGrid}) {
+    INFO("step " << s09::step_names()[size_t(st)]);
+    fa::Tensors y = x, y2 = x;
+    OptionsScope scope(step(st));
+    for (fa::Tensors* z : {&y, &y2})
       stage().backward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data(), x.dO.data(),
-                       regs.dQ.data(), regs.dK.data(), regs.dV.data());
-    }
-    {
-      s09::Options o;
-      o.layout = s09::WarpLayout::PSmem;
-      OptionsScope scope(o);
-      for (fa::Tensors* y : {&smem, &smem2})
-        stage().backward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data(), x.dO.data(),
-                         y->dQ.data(), y->dK.data(), y->dV.data());
-    }
-    const fa::CheckReport rr = fa::compare_backward(p, t, regs), rs = fa::compare_backward(p, t, smem);
-    INFO("p_regs:\n" << rr.summary() << "p_smem:\n" << rs.summary());
-    CHECK(rr.pass());
-    CHECK(rs.pass());
-    CHECK_MESSAGE(bitwise_equal(smem.dK, smem2.dK), "dK differs between two p_smem runs");
-    CHECK_MESSAGE(bitwise_equal(smem.dV, smem2.dV), "dV differs between two p_smem runs");
-  }
-  // Built on the wide tile with the two_barriers schedule and no ablation only; the other
-  // combinations are refused by name, naming both values.
-  for (int other = 0; other < 3; ++other) {
-    s09::Options o;
-    o.layout = s09::WarpLayout::PSmem;
-    if (other == 0) o.schedule = s09::Schedule::OneBarrier;
-    else if (other == 1) o.tile = s09::Tile::Narrow;
-    else o.ablation = s09::Ablation::NoPipeline;
-    OptionsScope scope(o);
-    const std::string msg = refusal_message();
-    INFO("message: '" << msg << "'");
-    CHECK(msg.find("09_tensor_core_bwd") != std::string::npos);
-    CHECK(msg.find("layout p_smem") != std::string::npos);
-    CHECK(msg.find("p_regs") != std::string::npos);
-    CHECK(msg.find(other == 0 ? "schedule one_barrier" : other == 1 ? "tile narrow" : "ablation no_pipeline") !=
-          std::string::npos);
+                       z->dQ.data(), z->dK.data(), z->dV.data());
+    const fa::CheckReport r = fa::compare_backward(p, t, y);
+    INFO(r.summary());
+    CHECK(r.pass());
+    CHECK_MESSAGE(bitwise_equal(y.dK, y2.dK), "dK differs between two runs");
+    CHECK_MESSAGE(bitwise_equal(y.dV, y2.dV), "dV differs between two runs");
   }
 }
 
-// Each layout forced at both head dims (layout auto, the default, runs p_smem at d = 128 and
-// p_regs at d = 64, so each layout also gets the head dim auto never gives it) through the
-// shared matrix and the adversarial inputs (every length from 1 to 1025, N_q ≠ N_k, GQA;
-// large logits, empty sequences, constant and NaN rows): bf16 with atomics, f16
-// deterministic, so each dtype and mode runs once per layout.
-TEST_CASE("stage 09: shape matrix and adversarial inputs, layouts p_regs and p_smem forced") {
-  for (s09::WarpLayout layout : {s09::WarpLayout::PRegs, s09::WarpLayout::PSmem})
-    for (bool det : {false, true}) {
-      s09::Options o;
-      o.layout = layout;
-      o.deterministic = det;
-      OptionsScope scope(o);
-      const fa::Dtype t = det ? fa::Dtype::F16 : fa::Dtype::BF16;
-      INFO("layout " << s09::layout_names()[size_t(layout)] << ", " << fa::dtype_name(t)
-                     << ", deterministic = " << det);
-      fa::test::check_matrix(stage(), t, true);
-      fa::test::check_adversarial(stage(), t, true);
-    }
+// Each atomic step forced at both head dims (auto, the default, runs 09c at d = 128 and 09b
+// at d = 64, so each also gets the head dim auto never gives it) through the shared matrix
+// and the adversarial inputs (every length from 1 to 1025, N_q ≠ N_k, GQA; large logits,
+// empty sequences, constant and NaN rows): 09b in bf16, 09c in f16 and bf16.
+TEST_CASE("stage 09: shape matrix and adversarial inputs, steps 09b and 09c forced") {
+  const std::pair<s09::Step, fa::Dtype> runs[] = {{s09::Step::DqAtomics, fa::Dtype::BF16},
+                                                  {s09::Step::WarpGrid, fa::Dtype::F16},
+                                                  {s09::Step::WarpGrid, fa::Dtype::BF16}};
+  for (const auto& [st, t] : runs) {
+    OptionsScope scope(step(st));
+    INFO("step " << s09::step_names()[size_t(st)] << ", " << fa::dtype_name(t));
+    fa::test::check_matrix(stage(), t, true);
+    fa::test::check_adversarial(stage(), t, true);
+  }
 }
 
-// Layout auto's choice, read back from the launch report (decided on the host, no GPU needed).
-TEST_CASE("stage 09: layout auto takes p_smem at d = 128 and p_regs at d = 64" * doctest::test_suite("cpu")) {
-  auto tile_row = [](int d, const s09::Options& o) {
+// Step auto's choice, read back from the launch report (decided on the host, no GPU needed).
+TEST_CASE("stage 09: step auto takes 09c at d = 128 and 09b at d = 64" * doctest::test_suite("cpu")) {
+  auto rows = [](int d, const s09::Options& o) {
     OptionsScope scope(o);
+    std::string all;
     for (const auto& [key, value] : s09::launch_report(make(1, 2, 2, 256, 256, d, false), fa::Dtype::BF16, false))
-      if (key == "tile") return value;
-    return std::string();
+      all += key + ": " + value + "\n";
+    return all;
   };
   const s09::Options automatic;
-  CHECK(tile_row(128, automatic).find("layout p_smem") != std::string::npos);
-  CHECK(tile_row(64, automatic).find("layout p_regs") != std::string::npos);
-  s09::Options det;
-  det.deterministic = true;
-  CHECK(tile_row(128, det).find("layout p_smem") != std::string::npos);
-  // Where p_smem is not built, auto falls back to p_regs instead of refusing.
-  s09::Options one_barrier;
-  one_barrier.schedule = s09::Schedule::OneBarrier;
-  CHECK(tile_row(128, one_barrier).find("layout p_regs") != std::string::npos);
-  s09::Options narrow;
-  narrow.tile = s09::Tile::Narrow;
-  CHECK(tile_row(128, narrow).find("layout p_regs") != std::string::npos);
-  s09::Options regs;
-  regs.layout = s09::WarpLayout::PRegs;
-  CHECK(tile_row(128, regs).find("layout p_regs") != std::string::npos);
+  CHECK(rows(128, automatic).find("step: 09c (auto)") != std::string::npos);
+  CHECK(rows(128, automatic).find("warp grid 4 (keys) x 2") != std::string::npos);
+  CHECK(rows(64, automatic).find("step: 09b (auto)") != std::string::npos);
+  CHECK(rows(64, automatic).find("Pᵀ and dSᵀ in registers") != std::string::npos);
+  CHECK(rows(64, automatic).find("fp32 atomicAdd") != std::string::npos);
+  CHECK(rows(128, step(s09::Step::DqPass)).find("step: 09a\n") != std::string::npos);
+  CHECK(rows(128, step(s09::Step::DqPass)).find("a second kernel") != std::string::npos);
+  CHECK(rows(128, step(s09::Step::DqAtomics)).find("Pᵀ and dSᵀ in registers") != std::string::npos);
+  CHECK(rows(64, step(s09::Step::WarpGrid)).find("warp grid 4 (keys) x 2") != std::string::npos);
+  // Scratch: L2 and D per padded query row, plus dQ_accum with the atomics (256 rows here).
+  CHECK(rows(64, step(s09::Step::DqPass)).find("scratch: " + std::to_string(2 * 2 * 256 * 4) + " B") !=
+        std::string::npos);
+  CHECK(rows(64, automatic).find("scratch: " + std::to_string(2 * 66 * 256 * 4) + " B") != std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// Stage 06, the backward — FlashAttention-2's Algorithm 2 on the CPU, with the forward's tiles,
-// traffic count and threads (tiled_cpu.cpp, fast_memory.h). It recomputes P from the
-// forward's L = m + log l instead of storing it.
+// Stage 06, the backward (the second sitting, 06b, in the notes) — FlashAttention-2's
+// Algorithm 2 on the CPU, with the forward's tiles, traffic count and threads (tiled_cpu.cpp,
+// fast_memory.h). It recomputes P from the forward's L = m + log l instead of storing it.
 //
 // Backward (Algorithm 2, with dQ in its own pass so that every output element has exactly
 // one writer; results are then bitwise the same for any number of threads):

@@ -1,7 +1,8 @@
 // Stage 06 — FlashAttention-2 on the CPU: tiles sized to a fast-memory budget, forward and
 // backward, with counted slow-memory traffic. This file: the tile sizes, the causal skip and
-// the forward (read first); tiled_backward.cpp: the backward; fast_memory.h: the plumbing
-// both share (fast-memory tiles, counted loads and stores, worker threads).
+// the forward (the first sitting, 06a, in the notes); tiled_backward.cpp: the backward (the
+// second, 06b); fast_memory.h: the plumbing both share (fast-memory tiles, counted loads and
+// stores, worker threads).
 //
 // What changed from stage 05: stage 05 streamed all of K and V once per query *row*, so
 // slow memory delivered every key N_q times. Here a tile of B_r query rows shares each

@@ -1,16 +1,16 @@
-// Stage 07, variant `pipeline = 1`: tiles copied with cp.async, so the next K and V tiles
-// travel while this tile is computed.
+// Stage 07, from step 07b on: tiles copied with cp.async, so the next K and V tiles travel
+// while this tile is computed.
 //
-// Why: TileCopy (smem_cuda.cu) reads a tile into registers and then writes it to shared
-// memory, so between "fetch" and "store" the block waits the whole global-memory latency
-// (hundreds of cycles for the first bytes, and a 32 KiB K + V tile at d = 128 to follow)
-// with no work of its own. At d = 128 only three blocks fit on an SM (12 warps), too few for
-// the other blocks to hide that wait on every tile. cp.async (sm_80 and later) copies global
-// memory straight into shared memory without passing through registers and without making
-// the thread wait: the thread issues the copies, computes, and waits only when it needs the
-// data. The kernel (flash_forward_kernel with C::kPipelined) uses it to load K_{j+1} while
-// it computes P_ij V_j, and V_{j+1} while it computes S_{i,j+1}: no extra shared memory,
-// since each buffer is refilled as soon as the last warp has finished reading it.
+// Why: TileCopy (block_tile.cuh, step 07a) reads a tile into registers and then writes it to
+// shared memory, so between "fetch" and "store" the block waits the whole global-memory
+// latency (hundreds of cycles for the first bytes, and a 32 KiB K + V tile at d = 128 to
+// follow) with no work of its own. At d = 128 only three blocks fit on an SM (12 warps), too
+// few for the other blocks to hide that wait on every tile. cp.async (sm_80 and later) copies
+// global memory straight into shared memory without passing through registers and without
+// making the thread wait: the thread issues the copies, computes, and waits only when it
+// needs the data. Steps 07b and 07c use it to load K_{j+1} while they compute P_ij V_j, and
+// V_{j+1} while they compute S_{i,j+1}: no extra shared memory, since each buffer is refilled
+// as soon as the last warp has finished reading it.
 //
 // TUTORIAL: one cp_async_16(dst, src, n) (common/cp_async.cuh) is the plain copy
 //     for (int e = 0; e < 4; ++e) dst[e] = e < n / 4 ? src[e] : 0.f;
@@ -20,16 +20,11 @@
 
 #include <cstdint>
 
+#include "block_tile.cuh"
 #include "cp_async.cuh"
 
 namespace fa::stage07 {
 namespace {
-
-// The register copy of smem_cuda.cu: its thread → chunk layout is reused here.
-template <int ROWS, int D, int STRIDE, int THREADS, bool SWIZZLED>
-struct TileCopy;
-template <bool kSwizzled, int STRIDE>
-__device__ __forceinline__ int tile_at(int row, int col);
 
 // The same tile as Layout = TileCopy<ROWS, D, STRIDE, THREADS, SWIZZLED> (same thread →
 // chunk assignment, same places in shared memory, same zeros for rows ≥ n_rows and columns
@@ -50,7 +45,7 @@ __device__ __forceinline__ void tile_copy_async(float* dst, const float* src, in
     const bool inside = col < d && row < rows;
     // A zero-byte copy reads nothing, but its address is still given: point it at `src`.
     const float* from = inside ? src + (row0 + row) * d + col : src;
-    cp_async_16(dst + tile_at<Layout::kSwizzled, STRIDE>(row, col), from, inside ? 16 : 0);
+    cp_async_16(dst + smem_offset<Layout::kSwizzled, STRIDE>(row, col), from, inside ? 16 : 0);
   }
 }
 

@@ -23,30 +23,33 @@ void require_runnable(const Problem& p, Dtype t) {
 const OptionTable& options() {
   static const OptionTable table{
       kStage,
-      {Option::choice("block_k", {{0, "auto"}, {32, "32"}, {64, "64"}},
-                      "keys per shared-memory tile B_c of the padded kernel (auto: 64 for d <= 64, else 32; "
-                      "at d = 128 a value other than auto runs the padded kernel instead of the swizzled "
-                      "B_c = 64 one)"),
-       Option::choice("pipeline", {"auto", "cp_async", "sync"},
-                      "K, V loads: auto and cp_async (1) copy the next K, V tiles with cp.async during this "
-                      "tile's math; sync (2) loads each tile, then computes it"),
-       Option::choice("variant", {"auto", "swizzled", "swizzled_256", "padded_two_barriers", "padded"},
-                      "kernel variant: auto (0: 1 at d = 128, else 4); 1 B_c = 64, swizzled tiles (2 blocks/SM "
-                      "at d = 128); 2 as 1 with 256 threads; 3 the padded tiles, 2 barriers per key tile; "
-                      "4 the padded kernel (3 barriers)")},
+      {Option::choice("step", step_names(),
+                      "which step of the stage runs: auto (the final design, 07c), 07a (tiles loaded through "
+                      "registers, then computed), 07b (the next tiles copied with cp.async during this tile's "
+                      "math), 07c (two barriers per key tile)"),
+       Option::choice("block_k", {{0, "auto"}, {32, "32"}, {64, "64"}},
+                      "keys per shared-memory tile B_c (auto: 64 for d <= 64 and for swizzled tiles, else 32)"),
+       Option::choice("smem_layout", smem_layout_names(),
+                      "layout of sQ, sK, sP: auto (swizzled at d = 128 unless block_k = 32, else padded), "
+                      "padded (rows padded by 4 floats) or swizzled (16-byte chunks XOR-swizzled, block_k 64)")},
       {{"block_q", "query rows per thread block", [] { return int64_t(launch_shape(Problem{}).block_q); }},
-       {"threads", "threads per block at d = 64", [] { return int64_t(launch_shape(Problem{}).threads); }}}};
+       {"threads", "threads per block", [] { return int64_t(launch_shape(Problem{}).threads); }}}};
   return table;
 }
 
 }  // namespace
 
-void set_block_k(int block_k) { options().set("block_k", block_k); }
-int block_k_option() { return int(options().get("block_k")); }
-void set_pipeline(int pipeline) { options().set("pipeline", pipeline); }
-int pipeline_option() { return int(options().get("pipeline")); }
-void set_variant(int variant) { options().set("variant", variant); }
-int variant_option() { return int(options().get("variant")); }
+Options current_options() {
+  const OptionTable& t = options();
+  return Options{Step(t.get("step")), int(t.get("block_k")), SmemLayout(t.get("smem_layout"))};
+}
+
+void set_options(const Options& o) {
+  const OptionTable& t = options();
+  t.set("step", int64_t(o.step));
+  t.set("block_k", o.block_k);
+  t.set("smem_layout", int64_t(o.smem_layout));
+}
 
 StageInfo info() {
   StageInfo s;

@@ -24,10 +24,35 @@ inline const std::vector<int>& supported_head_dims() {
   return dims;
 }
 
+/// The steps of the stage, in reading order (option `step`); `Auto` runs the final design.
+///   07a  K_j, V_j loaded through registers, then the tile computed; three barriers per tile
+///   07b  the next K, V tiles copied with cp.async during this tile's math
+///   07c  two barriers per tile: the wait for K_{j+1} moves before barrier 3 (smem_cuda.cu)
+enum class Step { Auto = 0, SyncLoads = 1, CpAsync = 2, TwoBarriers = 3 };
+const std::vector<std::string>& step_names();  ///< "auto", "07a", "07b", "07c"
+
+/// The layout of sQ, sK, sP (option `smem_layout`): rows padded by 4 floats, or unpadded
+/// with 16-byte chunks XOR-swizzled (block_tile.cuh, smem_offset). Auto: swizzled at d = 128
+/// (unless block_k = 32), padded elsewhere.
+enum class SmemLayout { Auto = 0, Padded = 1, Swizzled = 2 };
+const std::vector<std::string>& smem_layout_names();  ///< "auto", "padded", "swizzled"
+
+/// What a forward call runs (register.cpp's option table; per calling thread).
+struct Options {
+  Step step = Step::Auto;
+  int block_k = 0;  ///< B_c: 0 (auto: 64 for d ≤ 64 and for swizzled tiles, else 32), 32 or 64
+  SmemLayout smem_layout = SmemLayout::Auto;
+};
+/// The calling thread's options, and a way to set all of them (each setter of the table
+/// throws std::invalid_argument for a value the option does not allow).
+Options current_options();
+void set_options(const Options& o);
+
 /// O = softmax(scale · Q Kᵀ + mask) V and L = log-sum-exp per row, on DEVICE pointers in
-/// fp32 (layouts of docs/design.md §3), launched on `stream`. Asynchronous: returns after the
-/// launch. Throws std::invalid_argument for a problem it refuses (bad sizes, a head dim
-/// not in supported_head_dims(), a pointer not 16-byte aligned) before touching anything.
+/// fp32 (layouts of docs/design.md §3), launched on `stream` with the current options.
+/// Asynchronous: returns after the launch. Throws std::invalid_argument for a problem it
+/// refuses (bad sizes, a head dim not in supported_head_dims(), a pointer not 16-byte
+/// aligned, swizzled tiles with block_k = 32) before touching anything.
 void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O,
              float* L, cudaStream_t stream);
 
@@ -36,48 +61,20 @@ struct LaunchShape {
   int head_dim_padded = 0;  ///< D: the head dim the kernel is compiled for
   int block_q = 0;          ///< B_r: query rows per thread block
   int block_k = 0;          ///< B_c: keys per shared-memory tile
+  int step = 0;             ///< the step that runs: 1 (07a), 2 (07b), 3 (07c)
   bool pipelined = false;   ///< K_j, V_j copied with cp.async during the previous tile's math
-  int variant = 0;          ///< the kernel variant that runs, 1–4 (option `variant`: set_variant)
-  bool swizzled = false;    ///< sQ, sK, sP XOR-swizzled without padding (variants 1, 2)
-  int barriers = 3;         ///< __syncthreads() per key tile (2: variants 1–3 with cp.async)
+  bool swizzled = false;    ///< sQ, sK, sP XOR-swizzled without padding
+  int barriers = 0;         ///< __syncthreads() per key tile
   int threads = 0;          ///< threads per block
   long long blocks = 0;     ///< T_r · batch · heads thread blocks (a 1-D grid)
   size_t shared_bytes = 0;  ///< dynamic shared memory per block
 };
-LaunchShape launch_shape(const Problem& p);
+LaunchShape launch_shape(const Problem& p);  ///< with the current options
+LaunchShape launch_shape(const Problem& p, const Options& o);
 
-/// The rows the driver prints for `p`: tile shapes, grid, block, shared memory, and, when a
-/// GPU is present, registers per thread and theoretical occupancy (fa::describe_launch).
+/// The rows the driver prints for `p`: tile shapes, step, grid, block, shared memory, and,
+/// when a GPU is present, registers per thread and theoretical occupancy (fa::describe_launch).
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p);
-
-/// The stage's options, declared in register.cpp's option table (options.h): these set and
-/// read the calling thread's values, which launch_shape, forward and launch_report use.
-/// Each setter throws std::invalid_argument for a value the option does not allow.
-///
-/// B_c of the padded kernel (variants 3, 4), for experiments: 0 (default: 64 for d ≤ 64, 32
-/// above), 32 or 64. Set, it also turns variant auto into 4 at d = 128 (see set_variant).
-void set_block_k(int block_k);
-int block_k_option();
-
-/// Load schedule for experiments: 0 (default) and 1 copy K_j and V_j with cp.async (sm_80+)
-/// while the previous tile is being computed: K_{j+1} during P_ij V_j, V_{j+1} during
-/// S_{i,j+1} (async_tile_copy.cuh); 2 loads them through registers and then computes the tile.
-void set_pipeline(int pipeline);
-int pipeline_option();
-
-/// Kernel variant (README.md, "Variants"), each correct for every problem:
-///   0  auto, the default: variant 1 at d padded to 128 (unless block_k is set), else 4;
-///   1  B_c = 64 always, sQ/sK/sP XOR-swizzled instead of padded (two blocks per SM fit at
-///      d = 128), two barriers per key tile with the cp.async schedule;
-///   2  as 1 with 256 threads per block (a 16 × 16 thread grid, half the piece per thread);
-///      needs d padded to 64 or 128, and runs the default kernel for the other head dims;
-///   3  the padded tiles with two barriers per key tile (cp.async schedule): the output is
-///      bitwise variant 4's;
-///   4  the padded kernel: sQ, sK, sP padded by 4 floats, B_c = 64 for d ≤ 64 and 32 above,
-///      three barriers per key tile.
-/// block_k applies to variants 3 and 4 only.
-void set_variant(int variant);
-int variant_option();
 
 StageInfo info();
 

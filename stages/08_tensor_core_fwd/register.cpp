@@ -14,32 +14,37 @@ constexpr const char* kStageName = "08_tensor_core_fwd";
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
-      {Option::choice("ablation", ablation_names(),
-                      "turn one optimisation off (bf16, d = 64 or 128): none, no_pipeline, no_swizzle, padded, "
-                      "no_causal_split, no_exp2"),
-       Option::choice("tile_d128", tile_d128_names(),
+      {Option::choice("step", step_names(),
+                      "which step of the stage runs: auto (the final design, 08b), 08a (one K/V buffer: each tile "
+                      "loaded after the last is done), 08b (K/V double-buffered with cp.async)"),
+       Option::choice("ablation", ablation_values(),
+                      "turn one optimisation of step 08b off (bf16, d = 64 or 128, the q_regs tile): none, "
+                      "no_swizzle, padded, no_causal_split"),
+       Option::choice("tile_d128", tile_d128_values(),
                       "tile shape at d = 128: auto (q_smem_wide without a causal mask, q_regs with one), "
-                      "q_regs (B_r = 64, B_c = 64, Q in registers), q_smem (B_r = 128, B_c = 32, Q re-read from "
-                      "shared memory) or q_smem_wide (B_r = 128, B_c = 64, Q re-read from shared memory, "
-                      "FlashAttention-2's sm90 shape)")}};
+                      "q_regs (B_r = 64, B_c = 64, Q in registers) or q_smem_wide (B_r = 128, B_c = 64, Q re-read "
+                      "from shared memory, FlashAttention-2's sm90 shape)")}};
   return table;
 }
 
 }  // namespace
 
 Options current_options() {
-  return Options{Ablation(options().get("ablation")), TileD128(options().get("tile_d128"))};
+  const OptionTable& t = options();
+  return Options{Step(t.get("step")), Ablation(t.get("ablation")), TileD128(t.get("tile_d128"))};
 }
 
 void set_options(const Options& o) {
-  options().set("ablation", int64_t(o.ablation));
-  options().set("tile_d128", int64_t(o.tile_d128));
+  const OptionTable& t = options();
+  t.set("step", int64_t(o.step));
+  t.set("ablation", int64_t(o.ablation));
+  t.set("tile_d128", int64_t(o.tile_d128));
 }
 
 StageInfo info() {
   StageInfo s;
   s.name = kStageName;
-  s.idea = "fp16/bf16 forward on tensor cores: mma.sync, ldmatrix, cp.async pipeline, swizzled smem, causal split";
+  s.idea = "fp16/bf16 forward on tensor cores: mma.sync, ldmatrix, swizzled smem, causal split, cp.async double buffer";
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
   s.head_dims = supported_head_dims();

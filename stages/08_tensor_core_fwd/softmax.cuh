@@ -16,9 +16,8 @@
 //    so each lane keeps the sum of its own columns and the 4 partial sums are added once,
 //    after the last tile.
 //  - e^x costs a multiply and a hardware 2^x (ex2): e^{scale·(s − m)} = 2^{s·c − m·c} with
-//    c = scale·log2(e). One FFMA per score, s·c − (m·c), with m·c computed once per row
-//    ("exp2 folding"). The ablation kExp2 = false computes scale·s − scale·m and __expf
-//    instead, as a first version would.
+//    c = scale·log2(e). One FFMA per score, s·c − (m·c), with m·c computed once per row:
+//    the scale folded into the exponent, as in stage 07.
 //  - A row whose scores are all masked so far has m = −inf; using 0 in place of m·c then
 //    gives 2^{−inf} = 0 instead of 2^{−inf + inf} = NaN. A row that never sees a key ends
 //    with l = 0: O = 0 and L = −inf.
@@ -74,9 +73,9 @@ __device__ __forceinline__ float row_reduce(const float (&S)[kNTiles][4], int h,
 }
 
 /// Running max and sum of this thread's rows: kMTiles m16 tiles × 2 rows (g, g+8).
-/// `kExp2` selects the exponential (see above); `kLazyRescale`, whether O is rescaled on
-/// every tile or only when a maximum moved (rescale()).
-template <int kMTiles, bool kExp2, bool kLazyRescale = false>
+/// `kLazyRescale`: whether O is rescaled on every tile or only when a maximum moved
+/// (rescale()).
+template <int kMTiles, bool kLazyRescale = false>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];  // m: max of raw scores seen so far (same on the 4 lanes)
   float row_sum[kMTiles][2];  // l: this lane's part of Σ e^{scale·(s − m)}
@@ -101,8 +100,7 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&S)[kMTiles][kNTilesS][4], float (&O)[kMTiles][kNTilesO][4]) {
     float alpha[kMTiles][2];     // e^{scale·(m_old − m_new)} of each of this thread's rows
     float m_scaled[kMTiles][2];  // m_new·c, the subtrahend of every exponent of the row
-    // c = scale·log2(e) for 2^x, or scale for the unfolded e^x (the no_exp2 ablation).
-    const float c = kExp2 ? scale_log2 : scale;
+    const float c = scale_log2;  // e^{scale·x} = 2^{c·x}
     //! [online softmax update]
     // LAB BEGIN: online softmax update — hint: per row: m_new = quad_max of the row and m_old; alpha = e^{scale·(m_old − m_new)}; l *= alpha; O *= alpha; then P = e^{scale·(S − m_new)} in place and l += Σ P
     // 1. The new maxima, and the factors that move the old sums onto them.
@@ -115,7 +113,7 @@ struct OnlineSoftmax {
         const float m_new = quad_max(fmaxf(m_old, row_reduce(S[mi], h, Max{})));
         row_max[mi][h] = m_new;
         m_scaled[mi][h] = m_new == -INFINITY ? 0.0f : m_new * c;  // 0 while the row has seen no key
-        alpha[mi][h] = exponential(m_old * c - m_scaled[mi][h]);
+        alpha[mi][h] = fast_exp2(m_old * c - m_scaled[mi][h]);
         row_sum[mi][h] *= alpha[mi][h];  // l ← alpha·l
       }
     // 2. O ← alpha·O, before the exponentials: the multiplies (FMA pipe) then overlap with
@@ -132,18 +130,13 @@ struct OnlineSoftmax {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& s = S[mi][nt][2 * h + e];
-            // exp2 folding: one FFMA, s·c − m·c; unfolded: a multiply, then a subtraction.
-            s = exponential(kExp2 ? fmaf(s, c, -m_scaled[mi][h]) : s * c - m_scaled[mi][h]);
+            s = fast_exp2(fmaf(s, c, -m_scaled[mi][h]));  // one FFMA, s·c − m·c, and ex2
           }
         row_sum[mi][h] += row_reduce(S[mi], h, Plus{});
       }
     // LAB END
     //! [online softmax update]
   }
-
-  /// The exponential of an exponent already multiplied by c: 2^x with exp2 folding
-  /// (c = scale·log2 e), else e^x by __expf (c = scale, the unfolded ablation).
-  __device__ __forceinline__ static float exponential(float x) { return kExp2 ? fast_exp2(x) : __expf(x); }
 
   /// O ← alpha·O, row by row. With kLazyRescale the warp first votes on whether any of
   /// its rows' maxima moved (some alpha ≠ 1) and skips the multiplies when none did: once

@@ -1,4 +1,5 @@
 // Stage 08 — FlashAttention-2's forward on tensor cores (fp16/bf16 in, fp32 accumulation).
+// This file holds the final design (step 08b) and the launch.
 //
 // What changed from stage 07, and why: stage 07 ran the tiled algorithm in fp32 on the
 // CUDA cores, which top out near 50 TFLOP/s on an H200; the tensor cores do 16-bit
@@ -8,6 +9,12 @@
 // the softmax runs on the accumulator registers with no shared memory; and the tiles are
 // fed by an asynchronous pipeline into a bank-conflict-free layout. The algorithm is
 // unchanged: the same online softmax, the same tiles, the same L.
+//
+// What changed from step 08a (08a_one_buffer.cu), and why: with one K/V buffer a tile can
+// be loaded only after every warp is done with the previous one, so each tile starts with
+// the whole global-memory latency and the tensor cores wait. Here the K/V tiles are double
+// buffered: the copies of tile j−1 are issued right after the barrier that opens tile j and
+// land while tile j is computed.
 //
 // Algorithm (FlashAttention-2, Algorithm 1), one thread block per (batch, head, query
 // tile i); warp w owns rows [w·B_r/warps, (w+1)·B_r/warps) of the tile:
@@ -26,21 +33,20 @@
 // Limits: bf16 and f16; d ∈ {32, 64, 96, 128, 256}; pointers 16-byte aligned; sm_80+.
 // Any seq_q, seq_k ≥ 0 (tails are masked and zero-filled here, never padded by the caller).
 // The pieces: traits.cuh (tile sizes), mma.cuh (fragments), smem_tiles.cuh (loads,
-// layout), softmax.cuh (online softmax), masking.cuh (masks), tile_index.h (index math).
+// layout), softmax.cuh (online softmax), masking.cuh (masks), tile_index.h (index math),
+// fwd_steps.cuh (which compiled kernel runs), fwd_launch.cpp (names, checks).
 // Run:    ./build/stages/08_tensor_core_fwd/stage08 --seq-q 4096 --seq-k 4096 --heads 16 --head-dim 128 --bench
-//         ... --ablation no_swizzle   (one optimisation off; see the notes' ablation table)
+//         ... --step 08a            (one K/V buffer: the step before this kernel)
+//         ... --ablation no_swizzle (one optimisation off; see the notes' ablation table)
 #include "tensor_core_fwd.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <sstream>
-#include <stdexcept>
 
 #include "cuda_utils.h"
-#include "dispatch.cuh"
+#include "fwd_steps.cuh"
 #include "masking.cuh"
 #include "mma.cuh"
 #include "smem_tiles.cuh"
@@ -50,19 +56,6 @@
 namespace fa::stage08 {
 
 namespace {
-
-constexpr const char* kStageName = "08_tensor_core_fwd";
-
-/// Everything a block needs to find its tensors.
-struct FwdParams {
-  const void* Q;
-  const void* K;
-  const void* V;
-  void* O;
-  float* L;
-  int heads, kv_heads, seq_q, seq_k;
-  float scale;
-};
 
 // ======================================================================================
 // The kernel
@@ -167,7 +160,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
     for (int dt = 0; dt < d / 8; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) O_acc[mi][dt][e] = 0.0f;
-  OnlineSoftmax<kM, Tr::kExp2, Tr::kLazyRescale> softmax(p.scale);
+  OnlineSoftmax<kM, Tr::kLazyRescale> softmax(p.scale);
 
   // One key tile. `masked` is std::true_type on on-band tiles, std::false_type off-band.
   const auto attend_to_tile = [&](auto masked, int it) {
@@ -176,14 +169,10 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
     const int stage = it % kStages;
 
     //! [pipeline step]
-    if constexpr (kStages == 1) {  // no prefetch: wait for every warp, then load this tile
-      __syncthreads();
-      load_kv(j, 0);
-    }
-    cp_async_wait<kStages == 1 ? 1 : 2 * kStages - 3>();  // this thread's part of K_j landed
+    cp_async_wait<2 * kStages - 3>();  // this thread's part of K_j landed
     __syncthreads();  // everyone's part of K_j landed; every warp finished tile it−1, so
                       // its buffer (the one tile it+kStages−1 goes to) may be refilled
-    if constexpr (kStages > 1) {
+    {
       const int next = it + kStages - 1;
       if (next < n_tiles) {
         load_kv(n_tiles - 1 - next, next % kStages);
@@ -253,7 +242,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
       }
     //! [p to a fragments]
 
-    cp_async_wait<kStages == 1 ? 0 : 2 * kStages - 2>();  // this thread's part of V_j landed
+    cp_async_wait<2 * kStages - 2>();  // this thread's part of V_j landed
     __syncthreads();                                       // everyone's part of V_j landed
 
     //! [p times v]
@@ -318,161 +307,19 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const FwdPa
   //! [epilogue]
 }
 
-// ======================================================================================
-// Host side: checks, variant selection, launch
-// ======================================================================================
-
-template <class Tr, class Elem, bool kCausal>
-const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&flash_forward_kernel<Tr, Elem, kCausal>);
-}
-
-/// One block per (query tile, head, batch).
-dim3 grid_of(const Problem& p, int block_m) {
-  return dim3(unsigned((p.seq_q + block_m - 1) / block_m), unsigned(p.heads), unsigned(p.batch));
-}
-
-/// Launches one variant. A block may use more than 48 KB of dynamic shared memory only
-/// after its limit is raised; that is a cheap host call, made before every launch so it
-/// also holds on whichever device is current.
-template <class Tr, class Elem, bool kCausal>
-void launch(const Problem& p, const FwdParams& params, cudaStream_t stream) {
-  FA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<Tr, Elem, kCausal>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  flash_forward_kernel<Tr, Elem, kCausal>
-      <<<grid_of(p, Tr::kBlockM), Tr::kThreads, Tr::kSmemBytes, stream>>>(params);
-  FA_CHECK_LAUNCH("08_tensor_core_fwd: flash_forward_kernel");
-}
-
-template <class Tr, class Elem>
-void launch(const Problem& p, const FwdParams& params, cudaStream_t stream) {
-  if (p.causal)
-    launch<Tr, Elem, true>(p, params, stream);
-  else
-    launch<Tr, Elem, false>(p, params, stream);
-}
-
-/// Describes one variant for the driver's table.
-template <class Tr, class Elem>
-std::vector<std::pair<std::string, std::string>> describe(const Problem& p) {
-  std::ostringstream tile;
-  tile << "B_r=" << Tr::kBlockM << " B_c=" << Tr::kBlockN << ", " << Tr::kWarps << " warps of "
-       << Tr::kRowsPerWarp << " rows, " << Tr::kStages << " K/V stage(s), Q in "
-       << (Tr::kQInRegs ? "registers" : "shared memory") << ", "
-       << (Tr::kLayout == SmemLayout::Swizzled ? "swizzled" : Tr::kLayout == SmemLayout::Padded ? "padded" : "plain")
-       << " smem, " << (Tr::kExp2 ? "exp2 folded" : "expf") << (Tr::kCausalSplit ? "" : ", every tile masked")
-       << (Tr::kLazyRescale ? ", lazy rescale" : "");
-  std::vector<std::pair<std::string, std::string>> rows{{"tile", tile.str()}};
-  const void* k = p.causal ? kernel_ptr<Tr, Elem, true>() : kernel_ptr<Tr, Elem, false>();
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  for (auto& r : describe_launch(k, grid_of(p, Tr::kBlockM), dim3(Tr::kThreads), Tr::kSmemBytes)) rows.push_back(r);
-  return rows;
-}
-
-// Ablation variants exist for bf16 at d = 64 and d = 128 (the benchmark's ablation table);
-// instantiating them for every dtype and head dim would triple the build time.
-template <class Elem, int kHeadDim>
-constexpr bool kHasAblations = std::is_same_v<Elem, __nv_bfloat16> && (kHeadDim == 64 || kHeadDim == 128);
-
-/// Calls fn(TypeTag<Traits>{}) for the variant `o` selects at head dim kHeadDim.
-template <class Elem, int kHeadDim, class Fn>
-void with_variant(const Options& o, bool causal, Fn&& fn) {
-  using Base = typename DefaultTile<kHeadDim, false>::type;
-  if constexpr (kHeadDim == 128) {
-    // auto: with an ablation, the tile the ablations are built on (q_regs); otherwise the
-    // wide tile for full attention and q_regs under a causal mask (measured fastest).
-    TileD128 tile = o.tile_d128;
-    if (tile == TileD128::Auto)
-      tile = o.ablation != Ablation::None || causal ? TileD128::QInRegisters : TileD128::QInSharedWide;
-    if (tile != TileD128::QInRegisters) {
-      if (o.ablation != Ablation::None)
-        throw std::invalid_argument(std::string(kStageName) +
-                                    ": ablations are built on the q_regs d = 128 tile only; "
-                                    "use tile_d128 = auto or q_regs with an ablation");
-      if (tile == TileD128::QInShared)
-        fn(TypeTag<typename DefaultTile<128, true>::type>{});
-      else
-        fn(TypeTag<typename WideTileD128::type>{});
-      return;
-    }
-  }
-  if (o.ablation == Ablation::None) {
-    fn(TypeTag<Base>{});
-    return;
-  }
-  if constexpr (kHasAblations<Elem, kHeadDim>) {
-    using A = Ablated<Base>;
-    switch (o.ablation) {
-      case Ablation::NoPipeline: fn(TypeTag<typename A::NoPipeline>{}); return;
-      case Ablation::NoSwizzle: fn(TypeTag<typename A::NoSwizzle>{}); return;
-      case Ablation::Padded: fn(TypeTag<typename A::Padded>{}); return;
-      case Ablation::NoCausalSplit: fn(TypeTag<typename A::NoCausalSplit>{}); return;
-      case Ablation::NoExp2: fn(TypeTag<typename A::NoExp2>{}); return;
-      case Ablation::None: break;
-    }
-  }
-  throw std::invalid_argument(std::string(kStageName) + ": ablation '" + ablation_names()[size_t(o.ablation)] +
-                              "' is built for bf16 at head_dim 64 and 128 only (asked: " +
-                              (std::is_same_v<Elem, __nv_bfloat16> ? "bf16" : "f16") +
-                              ", head_dim = " + std::to_string(kHeadDim) + ")");
-}
-
-/// Dispatch on head dim; fn is called with the Traits of the variant.
-template <class Elem, class Fn>
-void with_head_dim(const Problem& p, const Options& o, Fn&& fn) {
-  switch (p.head_dim) {
-    case 32: with_variant<Elem, 32>(o, p.causal, fn); return;
-    case 64: with_variant<Elem, 64>(o, p.causal, fn); return;
-    case 96: with_variant<Elem, 96>(o, p.causal, fn); return;
-    case 128: with_variant<Elem, 128>(o, p.causal, fn); return;
-    case 256: with_variant<Elem, 256>(o, p.causal, fn); return;
-    default: break;
-  }
-  throw std::logic_error("unreachable: head_dim checked before dispatch");
-}
-
-/// Every refusal happens here, before anything is launched or written.
-void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
-  require_grid_rows(kStageName, p);
-}
-
-void check_pointer(const char* name, const void* ptr, size_t alignment) {
-  require_device_pointer(kStageName, name, ptr, alignment,
-                         alignment == 16 ? "tiles move in 16-byte cp.async copies and vector stores"
-                                         : "L is fp32");
-}
-
-
 }  // namespace
 
+StepKernel step_08b(int d, Dtype dtype, bool causal, const Options& o) {
+  return make_step<true>(d, dtype, causal, o, [&](auto elem, auto tiles) {
+    using Elem = decltype(elem);
+    using Tr = typename decltype(tiles)::type;
+    return step_kernel<Tr>(causal, flash_forward_kernel<Tr, Elem, true>, flash_forward_kernel<Tr, Elem, false>);
+  });
+}
+
 // ======================================================================================
-// Public entry points
+// The launch
 // ======================================================================================
-
-const std::vector<std::string>& ablation_names() {
-  static const std::vector<std::string> names{"none",   "no_pipeline",     "no_swizzle",
-                                              "padded", "no_causal_split", "no_exp2"};
-  return names;
-}
-
-Ablation parse_ablation(const std::string& name) {
-  const auto& names = ablation_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return Ablation(i);
-  throw std::invalid_argument(std::string(kStageName) + ": ablation '" + name +
-                              "' is not one of none, no_pipeline, no_swizzle, padded, no_causal_split, no_exp2");
-}
-
-const std::vector<std::string>& tile_d128_names() {
-  static const std::vector<std::string> names{"auto", "q_regs", "q_smem", "q_smem_wide"};
-  return names;
-}
-
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{32, 64, 96, 128, 256};
-  return dims;
-}
 
 void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O, float* L,
              cudaStream_t stream) {
@@ -483,34 +330,16 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
              cudaStream_t stream, const Options& options) {
   check_request(p, dtype);
   if (p.q_elems() == 0) return;  // seq_q = 0: nothing to compute, nothing launched
-  check_pointer("Q", Q, 16);
-  check_pointer("O", O, 16);
-  check_pointer("L", L, alignof(float));
-  if (p.kv_elems() > 0) {  // seq_k = 0: K and V are never read
-    check_pointer("K", K, 16);
-    check_pointer("V", V, 16);
-  }
-  const FwdParams params{Q, K, V, O, L, p.heads, p.kv_heads, p.seq_q, p.seq_k, p.softmax_scale()};
-  with_dtype(dtype, [&](auto tag) {
-    using Elem = decltype(tag);
-    with_head_dim<Elem>(p, options, [&](auto tag_tr) {
-      using Tr = typename decltype(tag_tr)::type;
-      launch<Tr, Elem>(p, params, stream);
-    });
-  });
-}
-
-std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype) {
-  check_request(p, dtype);
-  std::vector<std::pair<std::string, std::string>> rows;
-  with_dtype(dtype, [&](auto tag) {
-    using Elem = decltype(tag);
-    with_head_dim<Elem>(p, current_options(), [&](auto tag_tr) {
-      using Tr = typename decltype(tag_tr)::type;
-      rows = describe<Tr, Elem>(p);
-    });
-  });
-  return rows;
+  check_pointers(p, Q, K, V, O, L);
+  const StepKernel k = kernel_for(p, dtype, options);
+  FwdParams params{Q, K, V, O, L, p.heads, p.kv_heads, p.seq_q, p.seq_k, p.softmax_scale()};
+  // More than 48 KB of dynamic shared memory must be allowed first; a cheap host call, made
+  // before every launch so that it holds on whichever device is current.
+  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+  void* args[] = {&params};
+  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid_of(p, k.block_m), dim3(unsigned(k.threads)), args, size_t(k.smem_bytes),
+                                 stream));
+  FA_CHECK_LAUNCH("08_tensor_core_fwd: forward kernel");
 }
 
 }  // namespace fa::stage08

@@ -15,39 +15,48 @@
 
 namespace fa::stage08 {
 
-/// Kernel variants the benchmark can select. `None` is the full kernel; each other value
-/// turns off exactly one optimisation (instantiated for bf16 at d = 64 and 128 only).
+/// The steps of the stage, in reading order (option `step`); `Auto` runs the final design.
+///   08a  one K/V buffer: tile j+1 is loaded once every warp is done with tile j
+///        (08a_one_buffer.cu)
+///   08b  two K/V buffers: tile j+1 travels (cp.async) while tile j is computed
+///        (tensor_core_fwd.cu)
+enum class Step { Auto = 0, OneBuffer = 1, DoubleBuffer = 2 };
+const std::vector<std::string>& step_names();  ///< "auto", "08a", "08b"
+
+/// Data-only ablations of step 08b for the benchmark's ablation table: each turns exactly one
+/// optimisation off by changing a layout or a bound, not the code (instantiated for bf16 at
+/// d = 64 and 128, on the q_regs tile). The values are those of the option `ablation`.
 enum class Ablation {
   None = 0,           ///< the full kernel
-  NoPipeline = 1,     ///< one K/V buffer: tile j+1 is loaded only after tile j is done
   NoSwizzle = 2,      ///< plain row-major shared memory: 8-way bank conflicts in ldmatrix
   Padded = 3,         ///< conflict-free by 16 bytes of padding per row instead of the swizzle
   NoCausalSplit = 4,  ///< every tile takes the masked path (no mask-free off-band loop)
-  NoExp2 = 5,         ///< e^{scale·s − scale·m} by separate multiplies and __expf
 };
-
-/// The ablation names, indexed by the enum's value: "none", "no_pipeline", ...
-const std::vector<std::string>& ablation_names();
-/// Parses a name from ablation_names(); std::invalid_argument otherwise.
+/// The option's values and names: {0, "none"}, {2, "no_swizzle"}, {3, "padded"}, {4, "no_causal_split"}.
+const std::vector<std::pair<int64_t, std::string>>& ablation_values();
+/// The name of an ablation ("none", "no_swizzle", ...).
+std::string ablation_name(Ablation a);
+/// Parses a name from ablation_values(); std::invalid_argument otherwise.
 Ablation parse_ablation(const std::string& name);
 
-/// Tile shape used at d = 128 (the only head dim with several): B_r = 64, B_c = 64 with
-/// Q_i in registers; B_r = 128, B_c = 32 with Q_i re-read from shared memory for every K
-/// tile (twice the MMAs per fragment read from shared memory); or B_r = 128, B_c = 64
-/// with Q_i in shared memory, FlashAttention-2's own d = 128 tile on sm90 (the same reuse,
-/// half the per-tile overhead of B_c = 32, the fewest spare registers). `Auto`, the
-/// default, takes the one measured fastest on the H200 for the problem: the wide tile
-/// without a causal mask, q_regs with one (the notes, "Choosing the tiles").
-enum class TileD128 { Auto = 0, QInRegisters = 1, QInShared = 2, QInSharedWide = 3 };
-const std::vector<std::string>& tile_d128_names();  ///< "auto", "q_regs", "q_smem", "q_smem_wide"
+/// Tile shape used at d = 128 (the only head dim with two): B_r = 64, B_c = 64 with Q_i in
+/// registers (q_regs), or B_r = 128, B_c = 64 with Q_i re-read from shared memory
+/// (q_smem_wide, FlashAttention-2's own d = 128 tile on sm90: twice the MMAs per fragment
+/// read from shared memory, the fewest spare registers). `Auto`, the default, takes the one
+/// measured fastest on the H200: the wide tile without a causal mask, q_regs with one (the
+/// notes, "Choosing the tiles"). The values are those of the option `tile_d128`.
+enum class TileD128 { Auto = 0, QInRegisters = 1, QInSharedWide = 3 };
+/// {0, "auto"}, {1, "q_regs"}, {3, "q_smem_wide"}.
+const std::vector<std::pair<int64_t, std::string>>& tile_d128_values();
 
-/// Settings that select a kernel variant; the stage's options change the current ones.
+/// What a forward call runs (register.cpp's option table; per calling thread).
 struct Options {
+  Step step = Step::Auto;
   Ablation ablation = Ablation::None;
   TileD128 tile_d128 = TileD128::Auto;
 };
-/// The calling thread's options (register.cpp's option table, options.h: "ablation",
-/// "tile_d128"), and a way to set both at once.
+/// The calling thread's options (register.cpp's option table, options.h: "step",
+/// "ablation", "tile_d128"), and a way to set all of them at once.
 Options current_options();
 void set_options(const Options& o);
 

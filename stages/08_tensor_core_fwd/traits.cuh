@@ -1,9 +1,9 @@
 // Stage 08: every compile-time choice of the kernel in one struct.
 //
 // Tile sizes, warp count, pipeline depth, where Q lives, the shared-memory layout and the
-// ablation switches are template parameters of `Traits`, so the kernel is one template
-// and every variant the benchmark measures is an instantiation of it. Nothing else in
-// the stage hard-codes a size.
+// ablation switches are template parameters of `Traits`, so each step's kernel is one
+// template and every variant the benchmark measures is an instantiation of it. Nothing else
+// in the stage hard-codes a size.
 #pragma once
 
 #include "tile_index.h"
@@ -16,20 +16,18 @@ namespace fa::stage08 {
 ///  kBlockM    B_r, query rows per thread block (the tile of Q, O kept on chip)
 ///  kBlockN    B_c, keys per K/V tile streamed through shared memory
 ///  kWarps     warps per block; warp w owns query rows [w·B_r/kWarps, (w+1)·B_r/kWarps)
-///  kStages    K/V tiles in flight: 2 = double buffering (load tile j+1 while computing
-///             tile j), 1 = no prefetch (the no_pipeline ablation)
+///  kStages    K/V buffers: 2 = double buffering, load tile j+1 while computing tile j
+///             (step 08b, the main kernel); 1 = one buffer, load a tile once every warp is
+///             done with the last (step 08a)
 ///  kQInRegs   Q_i loaded once into registers as MMA A-fragments (true), or re-read from
 ///             shared memory for every K tile (false: frees 16·d/32·(rows/16) registers,
 ///             used where registers are short)
 ///  kLayout    shared-memory layout of the Q, K, V, O tiles (tile_index.h)
 ///  kCausalSplit  off-band tiles skip the mask (true) or every tile is masked (false)
-///  kExp2      scale·log2(e) folded into one FFMA before ex2 (true), or the textbook
-///             e^{scale·(s − m)} with separate multiplies and __expf (false)
 ///  kLazyRescale  O_i rescaled only on tiles where some row of the warp has a new maximum
 ///             (true), or on every tile (false); softmax.cuh, rescale()
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, bool kQInRegs_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled, bool kCausalSplit_ = true, bool kExp2_ = true,
-          bool kLazyRescale_ = false>
+          SmemLayout kLayout_ = SmemLayout::Swizzled, bool kCausalSplit_ = true, bool kLazyRescale_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // B_r
@@ -40,7 +38,6 @@ struct Traits {
   static constexpr bool kQInRegs = kQInRegs_;
   static constexpr SmemLayout kLayout = kLayout_;
   static constexpr bool kCausalSplit = kCausalSplit_;
-  static constexpr bool kExp2 = kExp2_;
   static constexpr bool kLazyRescale = kLazyRescale_;
 
   // Work of one warp, in units of the m16n8k16 instruction.
@@ -59,7 +56,7 @@ struct Traits {
   static_assert(kHeadDim % 16 == 0, "d must be a multiple of the MMA k (16)");
   static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole m16 row tiles");
   static_assert(kBlockN % 16 == 0, "B_c must be a multiple of 16 (k16 steps of P V)");
-  static_assert(kStages >= 1 && kStages <= 3, "1 to 3 K/V stages");
+  static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
   static_assert(kLayout != SmemLayout::Swizzled || swizzle_supported(kHeadDim),
                 "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
@@ -74,67 +71,61 @@ struct Traits {
 ///  d = 96:  B_r = 64, 4 warps of 16 rows, B_c = 64, Q in registers, padded rows (the
 ///           3-bit swizzle needs a power-of-two number of 16-byte chunks per row).
 ///  d = 128: 32 rows per warp would need O 128 + Q 64 + S ≥ 32 registers, more than 255.
-///           Two shapes fit, selected by the stage option --tile-d128:
-///           q_regs (default): B_r = 64, 4 warps of 16 rows, B_c = 64, Q in registers
-///                   (O 64 + Q 32 + S 32);
-///           q_smem: B_r = 128, 4 warps of 32 rows, B_c = 32, Q re-read from shared
-///                   memory for every K tile as FlashAttention-2 does (O 128 + S 32):
-///                   each K/V fragment read from shared memory feeds twice the MMAs.
+///           Two shapes fit, selected by the stage option --tile-d128 (auto: the wide tile
+///           without a causal mask, q_regs with one):
+///           q_regs: B_r = 64, 4 warps of 16 rows, B_c = 64, Q in registers (O 64 + Q 32 + S 32);
 ///           q_smem_wide: B_r = 128, 4 warps of 32 rows, B_c = 64, Q re-read from shared
 ///                   memory: FlashAttention-2's own d = 128 forward tile on sm90
 ///                   (O 128 + S 64; P reuses S's registers): WideTileD128 below.
 ///  d = 256: B_r = 64, B_c = 32, 16 rows per warp, Q re-read from shared memory.
-template <int kHeadDim, bool kWideRows = false>
+template <int kHeadDim>
 struct DefaultTile;
-template <bool W>
-struct DefaultTile<32, W> {
+template <>
+struct DefaultTile<32> {
   using type = Traits<32, 128, 64, 4, 2, true>;
 };
-template <bool W>
-struct DefaultTile<64, W> {
+template <>
+struct DefaultTile<64> {
   using type = Traits<64, 128, 64, 4, 2, true>;
 };
-template <bool W>
-struct DefaultTile<96, W> {
+template <>
+struct DefaultTile<96> {
   using type = Traits<96, 64, 64, 4, 2, true, SmemLayout::Padded>;
 };
 template <>
-struct DefaultTile<128, false> {
+struct DefaultTile<128> {
   using type = Traits<128, 64, 64, 4, 2, true>;
 };
 template <>
-struct DefaultTile<128, true> {
-  using type = Traits<128, 128, 32, 4, 2, false>;
-};
-template <bool W>
-struct DefaultTile<256, W> {
+struct DefaultTile<256> {
   using type = Traits<256, 64, 32, 4, 2, false>;
 };
 
-/// The third d = 128 shape (--tile-d128 q_smem_wide): q_smem's 32 rows per warp with
-/// q_regs' 64 keys per tile. Against q_regs, each K or V fragment read by ldmatrix feeds
-/// two m16 row tiles instead of one; against q_smem, the per-tile work that does not grow
-/// with B_c (two barriers, the row-max shuffles, the rescale of O, re-reading Q_i from
-/// shared memory) is paid once per 64 keys instead of once per 32. It leaves the least
-/// room of all: O 128 + S 64 registers per thread, before addresses and the Q fragments
-/// of the current k16 step. Shared memory: Q_i 32 KB + 2 × (K_j, V_j) 64 KB = 96 KB.
+/// The second d = 128 shape (--tile-d128 q_smem_wide): 32 rows per warp with 64 keys per
+/// tile. Against q_regs, each K or V fragment read by ldmatrix feeds two m16 row tiles
+/// instead of one, and the per-tile work that does not grow with B_r (two barriers, the
+/// row-max shuffles) is shared by twice the rows. It leaves the least room of all: O 128 +
+/// S 64 registers per thread, before addresses and the Q fragments of the current k16 step;
+/// so O is rescaled only on tiles where a maximum moved (kLazyRescale, softmax.cuh).
+/// Shared memory: Q_i 32 KB + 2 × (K_j, V_j) 64 KB = 96 KB.
 struct WideTileD128 {
-  using type = Traits<128, 128, 64, 4, 2, false, SmemLayout::Swizzled, true, true, /*kLazyRescale=*/true>;
+  using type = Traits<128, 128, 64, 4, 2, false, SmemLayout::Swizzled, true, /*kLazyRescale=*/true>;
 };
 
-/// `Base` with exactly one optimisation turned off.
+/// `Base` with one K/V buffer instead of two: step 08a's tiles.
+template <class Base>
+using OneBuffer = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, 1, Base::kQInRegs,
+                         Base::kLayout, Base::kCausalSplit, Base::kLazyRescale>;
+
+/// `Base` with exactly one optimisation turned off (the ablation table).
 template <class Base>
 struct Ablated {
-  using NoPipeline = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, 1,
-                            Base::kQInRegs, Base::kLayout, Base::kCausalSplit, Base::kExp2>;
   using NoSwizzle = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kStages,
-                           Base::kQInRegs, SmemLayout::Plain, Base::kCausalSplit, Base::kExp2>;
+                           Base::kQInRegs, SmemLayout::Plain, Base::kCausalSplit>;
   using Padded = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kStages,
-                        Base::kQInRegs, SmemLayout::Padded, Base::kCausalSplit, Base::kExp2>;
+                        Base::kQInRegs, SmemLayout::Padded, Base::kCausalSplit>;
   using NoCausalSplit = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps,
-                               Base::kStages, Base::kQInRegs, Base::kLayout, false, Base::kExp2>;
-  using NoExp2 = Traits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kStages,
-                        Base::kQInRegs, Base::kLayout, Base::kCausalSplit, false>;
+                               Base::kStages, Base::kQInRegs, Base::kLayout, false>;
 };
 
 }  // namespace fa::stage08

@@ -1,8 +1,8 @@
 // Stage 09: every compile-time choice of the two backward kernels, in one place each.
 //
-// As in stage 08 (traits.cuh), tile sizes, warp counts, the pipeline depth and the
-// shared-memory layout are template parameters, so each kernel is one template and every
-// variant the benchmark measures is an instantiation of it.
+// As in stage 08 (traits.cuh), tile sizes and warp counts are template parameters, so each
+// kernel is one template instantiated per head dim and dtype; the steps of the stage
+// (09a, 09b, 09c) differ in code, not in these numbers, except 09c's warp grid.
 #pragma once
 
 #include "tile_index.h"
@@ -26,37 +26,28 @@ inline constexpr int kQueryPad = 128;
 ///  kWarps     warps per block
 ///  kWarpsMdQ  the dQ_i = dS K_j product is split over the warps differently: a grid of
 ///             kWarpsMdQ (along the B_r query rows) × kWarps/kWarpsMdQ (along d)
-///  kStages    Q_i/dO_i buffers: 2 = load step i+1 while computing step i; 1 = no prefetch
-///  kLayout    shared-memory layout of every tile (stage 08's tile_index.h)
-///  kDsBuffers dSᵀ tiles: 1 = two barriers per step (the dSᵀ hand-over has its own);
-///             2 = one barrier per step (schedule "one_barrier", see the kernel's
-///             "pipeline step"): step i writes dSᵀ buffer i mod 2, so the barrier that
-///             publishes it also publishes Q_{i+1}, dO_{i+1}
-///  kWarpsKeys the warp layout of the four key-side products (option --layout): the
-///             warps form a grid of kWarpsKeys (along the B_c keys) × kWarpsSplit =
+///  kWarpsKeys the warp layout of the four key-side products: the warps form a grid of kWarpsKeys (along the B_c keys) × kWarpsSplit =
 ///             kWarps/kWarpsKeys; warp w = (wk, ws), wk = w / kWarpsSplit, ws = w % kWarpsSplit,
 ///             owns keys [wk·kKeysPerWarp, (wk+1)·kKeysPerWarp) for the whole kernel, and
 ///               Sᵀ, dPᵀ, dSᵀ:  queries [ws·kQueriesPerWarp, (ws+1)·kQueriesPerWarp) of them
 ///               dK_j, dV_j:    columns [ws·kColsPerWarp, (ws+1)·kColsPerWarp) of them
-///             = kWarps ("p_regs", the default): kWarpsSplit = 1, a warp holds its keys'
+///             = kWarps (steps 09a, 09b): kWarpsSplit = 1, a warp holds its keys'
 ///               rows of Sᵀ for ALL B_r queries, which is exactly the A operand of
 ///               dV_j += Pᵀ dO_i: Pᵀ and dSᵀ stay in its registers. But every warp then
 ///               reads all of Q_i and dO_i twice per step (B of Sᵀ, dPᵀ and of dK, dV).
-///             < kWarps ("p_smem", kPInSmem): each warp computes only a block of Sᵀ,
+///             < kWarps (step 09c, kPInSmem): each warp computes only a block of Sᵀ,
 ///               so Pᵀ and dSᵀ are written to shared memory ([B_c][B_r] tiles) and, after
 ///               a barrier, read back as the A operands of dV_j, dK_j; each warp reads
-///               less of Q_i, dO_i (see the notes, "Two warp layouts").
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMdQ_, int kStages_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled, int kDsBuffers_ = 1, int kWarpsKeys_ = kWarps_>
+///               less of Q_i, dO_i (see the notes, "Step 09c").
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMdQ_, int kWarpsKeys_ = kWarps_>
 struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // B_r
   static constexpr int kBlockN = kBlockN_;  // B_c
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStages = kStages_;
-  static constexpr SmemLayout kLayout = kLayout_;
-  static constexpr int kDsBuffers = kDsBuffers_;
+  static constexpr int kStages = 2;  // Q_i/dO_i buffers: step i+1 loads while step i computes
+  static constexpr SmemLayout kLayout = SmemLayout::Swizzled;  // every tile (stage 08's tile_index.h)
 
   // The warp grid of Sᵀ, dPᵀ, dSᵀ ([kKeysPerWarp, kQueriesPerWarp] per warp) and of
   // dK_j, dV_j ([kKeysPerWarp, kColsPerWarp] per warp).
@@ -79,9 +70,9 @@ struct DkDvTraits {
   static constexpr int kRowsDq = kBlockM / kWarpsMdQ;
   static constexpr int kColsDq = kHeadDim / kWarpsNdQ;
 
-  // Shared memory, in bytes: K_j, V_j (resident); kStages × (Q_i, dO_i, L2_i, D_i);
-  // kDsBuffers dSᵀ tiles [B_c][B_r] that hand dS from the key-owning warps to the dQ product
-  // (and, in layout p_smem, to the dK_j product); in layout p_smem one Pᵀ tile [B_c][B_r].
+  // Shared memory, in bytes: K_j, V_j (resident); kStages × (Q_i, dO_i, L2_i, D_i); a dSᵀ
+  // tile [B_c][B_r] that hands dS from the key-owning warps to the dQ product (and, in
+  // step 09c, to the dK_j product); in step 09c a Pᵀ tile [B_c][B_r].
   static constexpr int kKVTileBytes = smem_tile_bytes(kBlockN, kHeadDim, kLayout);
   static constexpr int kQTileBytes = smem_tile_bytes(kBlockM, kHeadDim, kLayout);
   static constexpr int kDsTileBytes = smem_tile_bytes(kBlockN, kBlockM, kLayout);
@@ -91,7 +82,7 @@ struct DkDvTraits {
   static constexpr int kOffQ = kOffV + kKVTileBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQTileBytes;
   static constexpr int kOffdS = kOffdO + kStages * kQTileBytes;
-  static constexpr int kOffP = kOffdS + kDsBuffers * kDsTileBytes;  // Pᵀ, layout p_smem only
+  static constexpr int kOffP = kOffdS + kDsTileBytes;  // Pᵀ, step 09c only
   static constexpr int kOffL2 = kOffP + (kPInSmem ? kDsTileBytes : 0);
   static constexpr int kOffD = kOffL2 + kStages * kRowStatBytes;
   static constexpr int kSmemBytes = kOffD + kStages * kRowStatBytes;
@@ -101,14 +92,9 @@ struct DkDvTraits {
                 "the warps form a kWarpsKeys × kWarpsSplit grid; each owns whole m16 tiles of keys");
   static_assert(kBlockM % (16 * kWarpsSplit) == 0 && kHeadDim % (16 * kWarpsSplit) == 0,
                 "the warps along the split own whole 16-wide blocks of queries (Sᵀ) and of d (dK, dV)");
-  static_assert(!kPInSmem || kDsBuffers == 1,
-                "layout p_smem has one dSᵀ tile (the one_barrier schedule is built on p_regs only)");
   static_assert(kBlockM % 16 == 0 && kQueryPad % kBlockM == 0, "B_r: a multiple of 16 that divides kQueryPad");
   static_assert(kWarps % kWarpsMdQ == 0 && kRowsDq % 16 == 0 && kColsDq % 16 == 0,
                 "the dQ warp grid cuts [B_r, d] into whole 16×16 blocks");
-  static_assert(kStages == 1 || kStages == 2, "one or two Q_i/dO_i buffers");
-  static_assert(kDsBuffers == 1 || (kDsBuffers == 2 && kStages == 2),
-                "one dSᵀ tile, or two with two Q_i/dO_i buffers (the one-barrier schedule)");
   static_assert(kLayout != SmemLayout::Swizzled || (swizzle_supported(kHeadDim) && swizzle_supported(kBlockM)),
                 "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
@@ -121,17 +107,16 @@ struct DkDvTraits {
 /// looping over the key tiles j it sees, as the forward does.
 ///
 ///  kBlockM  B_r query rows per block; warp w owns rows [w·B_r/kWarps, (w+1)·B_r/kWarps)
-///  kBlockN  B_c keys per step; K_j, V_j are double-buffered when kStages = 2
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_,
-          SmemLayout kLayout_ = SmemLayout::Swizzled>
+///  kBlockN  B_c keys per step; K_j, V_j are double-buffered
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
 struct DqTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStages = kStages_;
-  static constexpr SmemLayout kLayout = kLayout_;
+  static constexpr int kStages = 2;  // K_j, V_j buffers: tile j+1 loads while tile j computes
+  static constexpr SmemLayout kLayout = SmemLayout::Swizzled;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;
 
@@ -148,7 +133,6 @@ struct DqTraits {
   static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole m16 row tiles");
   static_assert(kQueryPad % kBlockM == 0, "B_r divides kQueryPad (L2 and D are read unchecked)");
   static_assert(kBlockN % 16 == 0, "B_c: whole k16 steps of dQ += dS K_j");
-  static_assert(kStages == 1 || kStages == 2, "one or two K_j/V_j buffers");
   static_assert(kLayout != SmemLayout::Swizzled || swizzle_supported(kHeadDim),
                 "the XOR swizzle needs 4 or a multiple of 8 chunks per row; use Padded");
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
@@ -161,45 +145,25 @@ struct DqTraits {
 ///           dK_j, dV_j 2 × 32 + Sᵀ 64 + dPᵀ 64 fp32 registers.
 ///  d = 128: dK/dV: B_c = 128 over 8 warps, B_r = 64: dK_j, dV_j 2 × 64 + Sᵀ 32 + dPᵀ 32.
 ///           (FlashAttention-2's sm80 shape for d = 128 has the same B_r, B_c, warps.)
-///  dQ (deterministic mode): B_r = 64 over 4 warps of 16 rows, B_c = 64.
-///  The "narrow" alternative (option --tile narrow), smaller tiles for fewer registers:
-///  d = 64:  B_r = 64 (dK_j, dV_j 2 × 32 + Sᵀ 32 + dPᵀ 32 registers: no pressure at all).
-///  d = 128: B_c = 64 over 4 warps, B_r = 64: same registers per thread, half the shared
-///           memory (105 KB), so two blocks fit on an SM and hide each other's barriers;
-///           Q_i and dO_i are read twice as often from L2.
-template <int kHeadDim>
-struct DefaultTiles;
-///  The one-barrier schedule (option --schedule one_barrier) is the wide tile with a
-///  second dSᵀ tile: d = 64: +32 KB (162 KB in all), d = 128: +16 KB (161 KB).
-///  The p_smem warp layout (option --layout p_smem) is the wide tile with the warps as a
-///  4 (keys) × 2 grid and a Pᵀ tile in shared memory (+32 KB: 162 KB at d = 64; +16 KB:
-///  161 KB at d = 128). Per warp, the same registers as the default:
+///  dQ (step 09a): B_r = 64 over 4 warps of 16 rows, B_c = 64.
+///  Step 09c (DkDvPSmem) is the same tile with the warps as a 4 (keys) × 2 grid and a Pᵀ
+///  tile in shared memory (+32 KB: 162 KB at d = 64; +16 KB: 161 KB at d = 128). Per warp,
+///  the same registers as steps 09a, 09b:
 ///  d = 64:  Sᵀ, dPᵀ 32 keys × 64 queries (64 + 64); dK_j, dV_j 32 keys × 32 columns (32 + 32).
 ///  d = 128: Sᵀ, dPᵀ 32 keys × 32 queries (32 + 32); dK_j, dV_j 32 keys × 64 columns (64 + 64).
+template <int kHeadDim>
+struct DefaultTiles;
 template <>
 struct DefaultTiles<64> {
-  using DkDv = DkDvTraits<64, 128, 128, 8, 4, 2>;
-  using DkDvOneBarrier = DkDvTraits<64, 128, 128, 8, 4, 2, SmemLayout::Swizzled, 2>;
-  using DkDvPSmem = DkDvTraits<64, 128, 128, 8, 4, 2, SmemLayout::Swizzled, 1, 4>;
-  using DkDvNarrow = DkDvTraits<64, 64, 128, 8, 4, 2>;
-  using Dq = DqTraits<64, 64, 64, 4, 2>;
+  using DkDv = DkDvTraits<64, 128, 128, 8, 4>;
+  using DkDvPSmem = DkDvTraits<64, 128, 128, 8, 4, 4>;
+  using Dq = DqTraits<64, 64, 64, 4>;
 };
 template <>
 struct DefaultTiles<128> {
-  using DkDv = DkDvTraits<128, 64, 128, 8, 2, 2>;
-  using DkDvOneBarrier = DkDvTraits<128, 64, 128, 8, 2, 2, SmemLayout::Swizzled, 2>;
-  using DkDvPSmem = DkDvTraits<128, 64, 128, 8, 2, 2, SmemLayout::Swizzled, 1, 4>;
-  using DkDvNarrow = DkDvTraits<128, 64, 64, 4, 2, 2>;
-  using Dq = DqTraits<128, 64, 64, 4, 2>;
-};
-
-/// `Base` with exactly one optimisation turned off (the ablation table).
-template <class Base>
-struct Ablated {
-  using NoPipeline = DkDvTraits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kWarpsMdQ, 1,
-                                Base::kLayout>;
-  using NoSwizzle = DkDvTraits<Base::kHeadDim, Base::kBlockM, Base::kBlockN, Base::kWarps, Base::kWarpsMdQ,
-                               Base::kStages, SmemLayout::Plain>;
+  using DkDv = DkDvTraits<128, 64, 128, 8, 2>;
+  using DkDvPSmem = DkDvTraits<128, 64, 128, 8, 2, 4>;
+  using Dq = DqTraits<128, 64, 64, 4>;
 };
 
 }  // namespace fa::stage09

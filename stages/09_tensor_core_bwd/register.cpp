@@ -33,49 +33,24 @@ void check_problem(const Problem& p) {
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
-      {Option::flag_option("deterministic",
-                           "dQ by a separate pass over the key tiles (bitwise reproducible) instead of fp32 atomics"),
-       Option::choice("ablation", ablation_names(),
-                      "turn one optimisation of the dK/dV kernel off (bf16): none, no_pipeline, no_swizzle"),
-       Option::choice("tile", tile_names(),
-                      "dK/dV tile shape: wide (default) or narrow (d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps)"),
-       Option::choice("schedule", schedule_names(),
-                      "dK/dV loop: two_barriers (default) or one_barrier per query tile (dSᵀ double-buffered; wide "
-                      "tile)"),
-       Option::choice("layout", layout_names(),
-                      "dK/dV warp layout: auto (default: p_smem at d = 128, else p_regs), p_regs (Pᵀ, dSᵀ in "
-                      "registers) or p_smem (warps 4 × 2, Pᵀ and dSᵀ through shared memory; wide tile, "
-                      "two_barriers)")}};
+      {Option::choice("step", step_names(),
+                      "which step of the stage runs: auto (09b at d = 64, 09c at d = 128), 09a (dQ by a second "
+                      "kernel: bitwise reproducible), 09b (dQ by fp32 atomics), 09c (warps 4 x 2, P and dS through "
+                      "shared memory)")}};
   return table;
 }
 
 }  // namespace
 
-Options current_options() {
-  const OptionTable& t = options();
-  Options o;
-  o.deterministic = t.get("deterministic") != 0;
-  o.ablation = Ablation(t.get("ablation"));
-  o.tile = Tile(t.get("tile"));
-  o.schedule = Schedule(t.get("schedule"));
-  o.layout = WarpLayout(t.get("layout"));
-  return o;
-}
+Options current_options() { return Options{Step(options().get("step"))}; }
 
-void set_options(const Options& o) {
-  const OptionTable& t = options();
-  t.set("deterministic", o.deterministic ? 1 : 0);
-  t.set("ablation", int64_t(o.ablation));
-  t.set("tile", int64_t(o.tile));
-  t.set("schedule", int64_t(o.schedule));
-  t.set("layout", int64_t(o.layout));
-}
+void set_options(const Options& o) { options().set("step", int64_t(o.step)); }
 
 StageInfo info() {
   const StageInfo fwd = stage08::info();
   StageInfo s;
   s.name = kStageName;
-  s.idea = "fp16/bf16 backward on tensor cores: preprocess D, dK/dV with K,V resident, dQ by atomics or a second pass";
+  s.idea = "fp16/bf16 backward on tensor cores: preprocess D, dK/dV with K,V resident, dQ by a second pass or by atomics";
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
   s.head_dims = supported_head_dims();
@@ -101,7 +76,7 @@ StageInfo info() {
     f(p, t, Q, K, V, O, L, dO, dQ, dK, dV);
   };
   s.bench_forward = bench_forward_on_device(s.forward_device);
-  // The whole backward is timed: preprocess, dK/dV (+ atomics), conversion or dQ pass.
+  // The whole backward is timed: preprocess, dK/dV (+ atomics), dQ pass or conversion.
   s.bench_backward = bench_backward_on_device(s.forward_device, s.backward_device);
 
   s.report = [](const Problem& p, Dtype t) { return launch_report(p, t, have_gpu()); };

@@ -1,6 +1,6 @@
 /// \file tensor_core_bwd.h
 /// \brief Stage 09: FlashAttention-2's backward on tensor cores, fp16/bf16 in, fp32
-/// accumulation: preprocess D, dK/dV with K_j, V_j resident, dQ by atomics or a second pass.
+/// accumulation: preprocess D, dK/dV with K_j, V_j resident, dQ by a second pass or by atomics.
 ///
 /// Plain C++ (no device syntax): the stage list, the tests and the C ABI include it. The
 /// stage's forward is stage 08's (tensor_core_fwd.h), restricted to this stage's head dims.
@@ -17,63 +17,29 @@
 
 namespace fa::stage09 {
 
-/// Kernel variants of the dK/dV kernel for the ablation table. `None` is the full kernel;
-/// each other value turns off exactly one optimisation (built for bf16 only).
-enum class Ablation {
-  None = 0,        ///< the full kernel
-  NoPipeline = 1,  ///< one Q_i/dO_i buffer: step i+1 is loaded only after step i is done
-  NoSwizzle = 2,   ///< plain row-major shared memory: bank conflicts in ldmatrix
-};
+/// The steps of the stage, in reading order (option `step`). Each is a complete backward
+/// (preprocess, dK/dV kernel, dQ); `Auto` runs 09b at d = 64 and 09c at d = 128, the faster
+/// of the two at each head dim.
+///   09a  dK/dV with K_j, V_j resident; dQ by a second kernel looping over the key tiles:
+///        bitwise reproducible (09a_dq_pass.cu)
+///   09b  dQ by fp32 atomics from the dK/dV kernel, summed in a scratch buffer and
+///        converted; the last bits of dQ may change from run to run (09b_dq_atomics.cu)
+///   09c  the warps as a 4 (keys) × 2 grid, Pᵀ and dSᵀ through shared memory: fewer
+///        shared-memory reads per step (tensor_core_bwd.cu)
+/// dK and dV are bitwise reproducible in every step.
+enum class Step { Auto = 0, DqPass = 1, DqAtomics = 2, WarpGrid = 3 };
+const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c"
 
-/// The ablation names, indexed by the enum's value: "none", "no_pipeline", "no_swizzle".
-const std::vector<std::string>& ablation_names();
-/// Parses a name from ablation_names(); std::invalid_argument otherwise.
-Ablation parse_ablation(const std::string& name);
-
-/// Tile shapes of the dK/dV kernel (see bwd_traits.cuh, DefaultTiles, and the notes).
-enum class Tile {
-  Wide = 0,    ///< the default: d = 64: B_c = 128, B_r = 128; d = 128: B_c = 128, B_r = 64 (8 warps)
-  Narrow = 1,  ///< d = 64: B_r = 64; d = 128: B_c = 64 over 4 warps (two blocks per SM)
-};
-/// "wide", "narrow".
-const std::vector<std::string>& tile_names();
-
-/// How the dK/dV kernel's loop over query tiles synchronises its warps (wide tile only).
-enum class Schedule {
-  TwoBarriers = 0,  ///< the default: a barrier for Q_i/dO_i, another for the dSᵀ hand-over
-  OneBarrier = 1,   ///< dSᵀ double-buffered: one barrier per step publishes both (+16/32 KB smem)
-};
-/// "two_barriers", "one_barrier".
-const std::vector<std::string>& schedule_names();
-
-/// How the dK/dV kernel's warps share the work of a step (wide tile, two_barriers schedule
-/// only; see bwd_traits.cuh, DkDvTraits::kWarpsKeys, and the notes, "Two warp layouts").
-enum class WarpLayout {
-  Auto = 0,   ///< the default: PSmem at d = 128 (where it was measured faster) when the
-              ///< options allow it (wide tile, two_barriers, no ablation), PRegs otherwise
-  PRegs = 1,  ///< a warp owns 16 keys × all queries; Pᵀ, dSᵀ stay in its registers
-  PSmem = 2,  ///< warps 4 (keys) × 2; Pᵀ, dSᵀ go through shared memory (+16/32 KB smem)
-};
-/// "auto", "p_regs", "p_smem".
-const std::vector<std::string>& layout_names();
-
-/// What a backward call runs.
+/// What a backward call runs (register.cpp's option table; per calling thread).
 struct Options {
-  /// false: dQ_i += dS K_j by fp32 atomicAdd from the dK/dV kernel into a scratch buffer,
-  /// then converted (fast; the order of the additions, hence the last bits of dQ, may
-  /// change from run to run). true: a separate dQ kernel, one block per query tile,
-  /// recomputes dS and sums over the key tiles in a fixed order (bitwise reproducible;
-  /// repeats three of the five products). dK and dV are reproducible in both modes.
+  Step step = Step::Auto;
+  /// true: step 09a whatever `step` says, for a caller that needs the same bits on every run
+  /// rather than a particular step (stage 12's ring). Not an option of the table: a field of
+  /// the Options passed to backward.
   bool deterministic = false;
-  Ablation ablation = Ablation::None;  ///< built on the wide tile, bf16 only
-  Tile tile = Tile::Wide;
-  Schedule schedule = Schedule::TwoBarriers;  ///< OneBarrier: wide tile, no ablation
-  WarpLayout layout = WarpLayout::Auto;       ///< PSmem: wide tile, two_barriers, no ablation
 };
 /// The options `backward` uses when none are given: the calling thread's values of the
-/// stage's options (register.cpp's option table, options.h), which the command-line flags
-/// (--deterministic, --ablation, --tile, --schedule, --layout) and
-/// set_option("deterministic" | "ablation" | "tile" | "schedule" | "layout") change.
+/// stage's options (the command line's --step, set_option("step", k)).
 Options current_options();
 void set_options(const Options& o);
 
@@ -89,14 +55,14 @@ const std::vector<int>& supported_head_dims();
 /// refuses, before anything is written. Uses current_options().
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
               const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream);
-/// Same with explicit options (e.g. Options{.deterministic = true}).
+/// Same with explicit options (e.g. Options{Step::DqPass}: the reproducible backward).
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
               const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream,
               const Options& options);
 
-/// The rows the driver prints for (p, dtype) with the current options: tile shapes, the
-/// dQ mode, scratch bytes, and with `with_gpu` the launch facts of the dK/dV kernel (and
-/// of the dQ kernel in deterministic mode): grid, block, shared memory, registers,
+/// The rows the driver prints for (p, dtype) with the current options: the step, tile
+/// shapes, how dQ is summed, scratch bytes, and with `with_gpu` the launch facts of the
+/// dK/dV kernel (and of the dQ kernel in step 09a): grid, block, shared memory, registers,
 /// spills, occupancy.
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype, bool with_gpu);
 

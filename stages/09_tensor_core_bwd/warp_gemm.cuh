@@ -1,8 +1,8 @@
 // Stage 09: the three shapes of warp-level matrix product the backward is made of.
 //
 // The forward (stage 08) has two products per tile, S = Q Kᵀ and O += P V. The backward
-// has five, and they come in three operand arrangements (four with the p_smem warp
-// layout). Each function below is one arrangement, written once and used wherever it
+// has five, and they come in three operand arrangements (four with step 09c's warp
+// grid). Each function below is one arrangement, written once and used wherever it
 // occurs:
 //
 //   gemm_abt    C += A·Bᵀ    A [m][k] and B [n][k], both row-major in shared memory
@@ -17,7 +17,7 @@
 //                            memory, both through ldmatrix.trans (A pattern Y, B pattern X).
 //                            dQ_i = dS K_j from the dSᵀ tile the dK/dV kernel wrote.
 //   gemm_ab     C += A·B     A [m][k] and B [k][n], both in shared memory (A: ldmatrix,
-//                            pattern X; B: ldmatrix.trans, pattern X). Layout p_smem only:
+//                            pattern X; B: ldmatrix.trans, pattern X). Step 09c only:
 //                            dV += Pᵀ dO_i, dK += dSᵀ Q_i from the Pᵀ and dSᵀ tiles.
 //
 // All four take C as C fragments acc[kM][kN][4]: a [16·kM, 8·kN] block of the warp,

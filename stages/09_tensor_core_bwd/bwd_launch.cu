@@ -1,0 +1,283 @@
+// Stage 09's host side: what it refuses, the scratch memory, which step's kernels run, and
+// their launches: the preprocess (D, L2), the step's dK/dV kernel, then its dQ kernel (09a)
+// or the conversion of the atomics' fp32 sums (09b, 09c).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "bwd_kernels.cuh"
+#include "bwd_steps.h"
+#include "cuda_utils.h"
+#include "tensor_core_bwd.h"
+
+namespace fa::stage09 {
+
+namespace {
+
+constexpr const char* kStageName = "09_tensor_core_bwd";
+
+//! [scratch memory]
+// Scratch memory (L2, D, dQ_accum) comes from a memory pool of this stage, allocated and
+// freed in stream order (cudaMallocFromPoolAsync / cudaFreeAsync). The pool keeps its
+// memory between calls (release threshold: unlimited), so after the first call a
+// backward neither calls cudaMalloc nor synchronises the device, and the benchmark times
+// kernels, not allocations. Stream ordering also makes concurrent calls on different
+// streams safe, which a single cached buffer would not be.
+cudaMemPool_t scratch_pool() {
+  static std::mutex mutex;
+  static std::map<int, cudaMemPool_t> pools;  // one per device
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = pools.find(device);
+  if (it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool;
+  FA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep_all = UINT64_MAX;
+  FA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  pools[device] = pool;
+  return pool;
+}
+
+/// One call's scratch, freed (in stream order) when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes == 0) return;
+    const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      std::ostringstream s;
+      s << kStageName << ": cannot allocate " << bytes / (1 << 20) << " MiB of scratch (L2, D, dQ_accum) on the GPU ("
+        << free_b / (1 << 20) << " MiB free): " << cudaGetErrorString(err);
+      throw std::runtime_error(s.str());
+    }
+  }
+  ~Scratch() {
+    if (ptr_) cudaFreeAsync(ptr_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+//! [scratch memory]
+
+/// Rows per (batch, head) in the scratch arrays: seq_q rounded up to kQueryPad.
+int64_t padded_rows(const Problem& p) { return (int64_t(p.seq_q) + kQueryPad - 1) / kQueryPad * kQueryPad; }
+
+/// Bytes of scratch one call takes.
+size_t scratch_bytes(const Problem& p, bool atomic_dq) {
+  const int64_t rows = int64_t(p.batch) * p.heads * padded_rows(p);
+  return size_t(rows) * sizeof(float) * (2 + (atomic_dq ? p.head_dim : 0));
+}
+
+/// The step `o` runs at head dim d: `deterministic` takes 09a; auto takes 09c (the 4 × 2 warp grid) at d = 128, where
+/// it was measured 2 to 4 % faster than 09b, and 09b at d = 64, where 09c was 4 to 6 %
+/// slower (the notes, "Step 09c").
+Step resolved_step(const Options& o, int d) {
+  if (o.deterministic) return Step::DqPass;
+  if (o.step != Step::Auto) return o.step;
+  return d == 128 ? Step::WarpGrid : Step::DqAtomics;
+}
+
+StepKernels kernels_for(Step step, int d, Dtype dtype) {
+  switch (step) {
+    case Step::DqPass: return step_09a(d, dtype);
+    case Step::DqAtomics: return step_09b(d, dtype);
+    case Step::WarpGrid:
+    case Step::Auto: break;
+  }
+  return step_09c(d, dtype);
+}
+
+/// Grid of the dK/dV kernel: one block per (batch, kv head, key tile).
+int64_t dkdv_blocks(const Problem& p, int block_n) {
+  return int64_t(p.batch) * p.kv_heads * ((int64_t(p.seq_k) + block_n - 1) / block_n);
+}
+/// Grid of the dQ kernel: one block per (batch, head, query tile).
+int64_t dq_blocks(const Problem& p, int block_m) {
+  return int64_t(p.batch) * p.heads * ((int64_t(p.seq_q) + block_m - 1) / block_m);
+}
+
+/// Every refusal of a problem happens here, before anything is launched or written.
+void check_request(const Problem& p, Dtype dtype) {
+  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  const int64_t blocks = std::max(dkdv_blocks(p, 64), dq_blocks(p, 64));  // the smallest tiles give the most blocks
+  if (blocks > INT_MAX)
+    throw std::invalid_argument(std::string(kStageName) + ": the problem needs " + std::to_string(blocks) +
+                                " thread blocks, more than the grid's " + std::to_string(INT_MAX) +
+                                " (batch·heads·ceil(seq/64))");
+}
+
+void check_pointer(const char* name, const void* ptr, size_t alignment) {
+  require_device_pointer(kStageName, name, ptr, alignment,
+                         alignment == 16 ? "tiles move in 16-byte copies" : "L is fp32");
+}
+
+/// Launches one kernel of a step on `blocks` blocks. Raising a kernel's dynamic
+/// shared-memory limit (needed above 48 KB) is cheap, so it is done before every launch
+/// and holds on whichever device is current.
+void launch(const KernelLaunch& k, int64_t blocks, BwdParams& params, cudaStream_t stream, const char* what) {
+  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+  void* args[] = {&params};
+  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, dim3(unsigned(blocks)), dim3(unsigned(k.threads)), args, size_t(k.smem_bytes),
+                                 stream));
+  FA_CHECK_LAUNCH(what);
+}
+
+template <class Elem, int d>
+void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaStream_t stream) {
+  const bool atomic = k.atomic_dq;
+  const int64_t n_q_pad = padded_rows(p);
+  params.n_q_pad = int(n_q_pad);
+  Scratch scratch(scratch_bytes(p, atomic), stream);
+  const int64_t stat_elems = int64_t(p.batch) * p.heads * n_q_pad;
+  if (scratch.floats() != nullptr) {
+    params.L2 = scratch.floats();
+    params.D = params.L2 + stat_elems;
+    params.dQ_accum = atomic ? params.D + stat_elems : nullptr;
+  }
+
+  if (p.seq_q > 0) {
+    if (atomic)  // the atomics add to it
+      FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, size_t(stat_elems) * d * sizeof(float), stream));
+    const int64_t rows = stat_elems, rows_per_block = 256 / 32;
+    preprocess_kernel<Elem, d><<<unsigned((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream>>>(params);
+    FA_CHECK_LAUNCH("09_tensor_core_bwd: preprocess_kernel");
+  }
+  // With seq_q = 0 the dK/dV kernel still runs: it writes dK = dV = 0.
+  if (p.seq_k > 0) launch(k.dkdv, dkdv_blocks(p, k.block_n), params, stream, "09_tensor_core_bwd: dK/dV kernel");
+  if (p.seq_q > 0) {
+    if (!atomic) {
+      launch(k.dq, dq_blocks(p, k.dq_block_m), params, stream, "09_tensor_core_bwd: dQ kernel");
+    } else {
+      const int64_t chunks = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
+      const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 132 * 32));
+      convert_dq_kernel<Elem, d><<<blocks, 256, 0, stream>>>(params);
+      FA_CHECK_LAUNCH("09_tensor_core_bwd: convert_dq_kernel");
+    }
+  }
+}
+
+}  // namespace
+
+const std::vector<int>& supported_head_dims() {
+  static const std::vector<int> dims{64, 128};
+  return dims;
+}
+
+const std::vector<std::string>& step_names() {
+  static const std::vector<std::string> names{"auto", "09a", "09b", "09c"};
+  return names;
+}
+
+void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
+              const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream) {
+  backward(p, dtype, Q, K, V, O, L, dO, dQ, dK, dV, stream, current_options());
+}
+
+void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
+              const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream,
+              const Options& options) {
+  check_request(p, dtype);
+  if (p.q_elems() > 0) {
+    check_pointer("Q", Q, 16);
+    check_pointer("O", O, 16);
+    check_pointer("dO", dO, 16);
+    check_pointer("dQ", dQ, 16);
+    check_pointer("L", L, alignof(float));
+  }
+  if (p.kv_elems() > 0) {
+    check_pointer("K", K, 16);
+    check_pointer("V", V, 16);
+    check_pointer("dK", dK, 16);
+    check_pointer("dV", dV, 16);
+  }
+  if (p.q_elems() == 0 && p.kv_elems() == 0) return;
+  BwdParams params{};
+  params.Q = Q;
+  params.K = K;
+  params.V = V;
+  params.O = O;
+  params.dO = dO;
+  params.L = L;
+  params.dQ = dQ;
+  params.dK = dK;
+  params.dV = dV;
+  params.batch = p.batch;
+  params.heads = p.heads;
+  params.kv_heads = p.kv_heads;
+  params.seq_q = p.seq_q;
+  params.seq_k = p.seq_k;
+  params.causal = p.causal;
+  params.scale = p.softmax_scale();
+  params.scale_log2 = params.scale * kLog2e;
+  const StepKernels k = kernels_for(resolved_step(options, p.head_dim), p.head_dim, dtype);
+  with_dtype(dtype, [&](auto tag) {
+    using Elem = decltype(tag);
+    if (p.head_dim == 64)
+      launch_all<Elem, 64>(p, k, params, stream);
+    else
+      launch_all<Elem, 128>(p, k, params, stream);
+  });
+}
+
+std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype, bool with_gpu) {
+  check_request(p, dtype);
+  const Options o = current_options();
+  const Step step = resolved_step(o, p.head_dim);
+  const StepKernels k = kernels_for(step, p.head_dim, dtype);
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::ostringstream tile, dq, scratch;
+  tile << "dK/dV: B_c=" << k.block_n << " keys per block (" << k.warps_keys * k.warps_split << " warps of "
+       << k.block_n / k.warps_keys << " keys), B_r=" << k.block_m << " query rows per step, 2 Q/dO stages, "
+       << "swizzled smem, " << (k.atomic_dq || k.warps_split > 1 ? "two barriers" : "one barrier") << " per step";
+  if (k.warps_split > 1)
+    tile << "; warp grid " << k.warps_keys << " (keys) x " << k.warps_split
+         << " (queries of Sᵀ, dPᵀ; columns of dK, dV), Pᵀ and dSᵀ through shared memory";
+  else
+    tile << "; Pᵀ and dSᵀ in registers";
+  if (!k.atomic_dq)
+    dq << "a second kernel (deterministic), B_r=" << k.dq_block_m << " rows per block (" << k.dq.threads / 32
+       << " warps), B_c=" << k.dq_block_n << " keys per step";
+  else
+    dq << "fp32 atomicAdd into dQ_accum (warp grid " << k.warps_mdq << " x " << k.warps_ndq
+       << " over [B_r, d]), then a conversion kernel";
+  scratch << scratch_bytes(p, k.atomic_dq) << " B (L2, D" << (k.atomic_dq ? ", dQ_accum" : "") << ")";
+  rows.push_back({"step", step_names()[size_t(step)] + (o.step == Step::Auto ? std::string(" (auto)") : "")});
+  rows.push_back({"tile", tile.str()});
+  rows.push_back({"dQ", dq.str()});
+  rows.push_back({"scratch", scratch.str()});
+  if (!with_gpu) return rows;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(k.dkdv.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dkdv.smem_bytes));
+  for (auto& [key, value] :
+       describe_launch(k.dkdv.fn, dim3(unsigned(std::max<int64_t>(1, dkdv_blocks(p, k.block_n)))),
+                       dim3(unsigned(k.dkdv.threads)), size_t(k.dkdv.smem_bytes)))
+    rows.push_back({"dK/dV " + key, value});
+  if (!k.atomic_dq) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(k.dq.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dq.smem_bytes));
+    for (auto& [key, value] : describe_launch(k.dq.fn, dim3(unsigned(std::max<int64_t>(1, dq_blocks(p, k.dq_block_m)))),
+                                              dim3(unsigned(k.dq.threads)), size_t(k.dq.smem_bytes)))
+      if (key != "device") rows.push_back({"dQ " + key, value});
+  }
+  return rows;
+}
+
+}  // namespace fa::stage09
