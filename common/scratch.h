@@ -16,6 +16,7 @@
 
 namespace fa {
 
+//! [scratch memory]
 /// One call's scratch, freed (in stream order) when it goes out of scope. Throws
 /// std::runtime_error naming `who` and `what` when the GPU cannot provide the bytes.
 class Scratch {
@@ -30,5 +31,6 @@ class Scratch {
   void* ptr_ = nullptr;
   cudaStream_t stream_;
 };
+//! [scratch memory]
 
 }  // namespace fa

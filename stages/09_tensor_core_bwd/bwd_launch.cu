@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
 #include "bwd_kernels.cuh"
 #include "bwd_steps.h"
 #include "cuda_utils.h"
+#include "scratch.h"
 #include "tensor_core_bwd.h"
 
 namespace fa::stage09 {
@@ -23,61 +22,6 @@ namespace {
 
 constexpr const char* kStageName = "09_tensor_core_bwd";
 
-//! [scratch memory]
-// Scratch memory (L2, D, dQ_accum) comes from a memory pool of this stage, allocated and
-// freed in stream order (cudaMallocFromPoolAsync / cudaFreeAsync). The pool keeps its
-// memory between calls (release threshold: unlimited), so after the first call a
-// backward neither calls cudaMalloc nor synchronises the device, and the benchmark times
-// kernels, not allocations. Stream ordering also makes concurrent calls on different
-// streams safe, which a single cached buffer would not be.
-cudaMemPool_t scratch_pool() {
-  static std::mutex mutex;
-  static std::map<int, cudaMemPool_t> pools;  // one per device
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = pools.find(device);
-  if (it != pools.end()) return it->second;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device;
-  cudaMemPool_t pool;
-  FA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-  uint64_t keep_all = UINT64_MAX;
-  FA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
-  pools[device] = pool;
-  return pool;
-}
-
-/// One call's scratch, freed (in stream order) when it goes out of scope.
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes == 0) return;
-    const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      std::ostringstream s;
-      s << kStageName << ": cannot allocate " << bytes / (1 << 20) << " MiB of scratch (L2, D, dQ_accum) on the GPU ("
-        << free_b / (1 << 20) << " MiB free): " << cudaGetErrorString(err);
-      throw std::runtime_error(s.str());
-    }
-  }
-  ~Scratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-//! [scratch memory]
 
 /// Rows per (batch, head) in the scratch arrays: seq_q rounded up to kQueryPad.
 int64_t padded_rows(const Problem& p) { return (int64_t(p.seq_q) + kQueryPad - 1) / kQueryPad * kQueryPad; }
@@ -147,7 +91,7 @@ void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaS
   const bool atomic = k.atomic_dq;
   const int64_t n_q_pad = padded_rows(p);
   params.n_q_pad = int(n_q_pad);
-  Scratch scratch(scratch_bytes(p, atomic), stream);
+  Scratch scratch(scratch_bytes(p, atomic), stream, kStageName, atomic ? "L2, D, dQ_accum" : "L2, D");
   const int64_t stat_elems = int64_t(p.batch) * p.heads * n_q_pad;
   if (scratch.floats() != nullptr) {
     params.L2 = scratch.floats();
