@@ -101,6 +101,9 @@ __global__ void __launch_bounds__(S11b::kThreads, 1) bwd_11b(const __grid_consta
     fence_registers(dk);
     stage10::fence_fragments(p_frag);
     stage10::fence_fragments(ds_frag);
+    // Every lane has read L2_i, D_i (generic loads) before lane 0 releases the buffer: the
+    // warp-level barrier orders their reads before its arrive, and the refill after it.
+    __syncwarp();
     if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.empty[s]);  // this warp is done with buffer s
     fence_registers(dq);
     add_dq<64>(dq, p.dQ_accum + (int64_t(bh) * p.n_q_pad + query0 + 64 * dq_rows) * d + 64 * dq_cols, d);
