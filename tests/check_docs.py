@@ -28,6 +28,9 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+import notes  # noqa: E402  (docs/notes.py: the notes' plain-Markdown format)
+
 LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
 
 
@@ -94,6 +97,7 @@ class Checker:
     def __init__(self, html_dir: Path, repo: Path):
         self.html = html_dir
         self.repo = repo
+        self.tree = notes.Tree(repo)
         self.failures = []
         self.checked_pages = 0
         self.have_mathjax = self.have_reader = True
@@ -103,13 +107,16 @@ class Checker:
 
     # ------------------------------------------------------------------ one page
     def check_source_page(self, md_path: Path, role: str):
-        """A Markdown page (stage notes or concept page): exists, snippets, formulas."""
-        text = md_path.read_text(encoding="utf-8")
+        """A Markdown page (stage notes or concept page): exists, snippets, formulas. The
+        counts come from the note as Doxygen reads it (docs/notes.py converts it)."""
+        note = notes.read_note(md_path, self.repo)
+        text, _ = notes.to_doxygen(self.tree, note)
         first = text.splitlines()[0] if text.strip() else ""
         m = LABEL_RE.search(first)
         rel = md_path.relative_to(self.repo)
         if not m:
-            self.fail(f"{rel}: first line has no {{#label}}, so it has no stable page name")
+            self.fail(f"{rel}: its title has no anchor (<a id=\"...\"></a>), so it has no stable "
+                      f"page name")
             return None
         label = m.group(1)
         page_file = self.html / f"{label}.html"
