@@ -288,6 +288,18 @@ def heading_text(text: str) -> str:
                   lambda m: m.group(1) or m.group(2), text)
 
 
+def emphasis(line: str) -> str:
+    """**x** and *x* as HTML: Doxygen 1.9 leaves the marks literal next to a formula."""
+    line = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<b>\1</b>", line)
+    return re.sub(r"(?<![\w*\\])\*(?=[^\s*])(.+?)(?<=[^\s*\\])\*(?![\w*])", r"<em>\1</em>", line)
+
+
+def no_autolink(text: str) -> str:
+    """Doxygen links any 'file:…' (even in code) to the scheme file:, which leads nowhere;
+    an invisible word joiner after 'file' stops it."""
+    return re.sub(r"\bfile:(?!//)", "file\u2060:", text)
+
+
 class Converter:
     """One note, plain Markdown → Doxygen Markdown, line for line."""
 
@@ -346,15 +358,16 @@ class Converter:
         if kind == "source":
             return f"[{text}]({value})"
         # Another file of the repository: not part of the site; its path, in code type.
-        if CODE_SPAN_RE.fullmatch(text.strip()):
+        if CODE_SPAN_RE.fullmatch(protect.restore(text).strip()):
             return text
         return f"{text} (`{value}`)"
 
     # --- one line of prose
     def inline(self, line: str, i: int) -> str:
         protect = Protect()
-        line = CODE_SPAN_RE.sub(lambda m: protect.put(m.group(0)), line)
+        line = CODE_SPAN_RE.sub(lambda m: protect.put(no_autolink(m.group(0))), line)
         line = re.sub(r"<!--.*?-->", lambda m: protect.put(m.group(0)), line)
+        line = no_autolink(line)
         line = DISPLAY_INLINE_RE.sub(lambda m: protect.put(f"\\f[{m.group(1)}\\f]"), line)
         line = INLINE_MATH_RE.sub(lambda m: protect.put(f"\\f${m.group(1)}\\f$"), line)
         line = line.replace("\\$", protect.put("\\$"))
@@ -362,10 +375,7 @@ class Converter:
             self.errors.append(f"{self.where(i)}: a '$' that opens no formula on this line (inline "
                                f"math opens and closes on one line; a literal dollar is \\$)")
         line = LINK_RE.sub(lambda m: protect.put(self.link(m, i, protect)), line)
-        # Emphasis as HTML: Doxygen 1.9 leaves ** and * literal next to a formula.
-        line = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<b>\1</b>", line)
-        line = re.sub(r"(?<![\w*\\])\*(?=[^\s*])(.+?)(?<=[^\s*\\])\*(?![\w*])", r"<em>\1</em>", line)
-        return protect.restore(line)
+        return protect.restore(emphasis(line))
 
     @staticmethod
     def open_display(line: str) -> int | None:
@@ -398,9 +408,27 @@ class Converter:
         link = f'<a href="{page}">{name}</a>' if page else name
         return f'<div class="snippetfile">{link}</div>'
 
+    def legacy(self) -> str:
+        """A note still in Doxygen Markdown, passed through with the fixes of rendering
+        faults Doxygen 1.9 makes: emphasis next to a formula, code in a heading, file:line."""
+        lines = self.note.text.split("\n")
+        fenced = {i for i, _, f in split_fences(lines) if f}
+        for i, line in enumerate(lines):
+            if i in fenced or re.match(r"^[ \t]*[\\@]", line):
+                continue
+            m = OLD_HEADING_RE.match(line) or re.match(r"^(#{1,6})[ \t]+(.*?)[ \t]*()$", line)
+            if m:
+                lines[i] = f"{m.group(1)} {heading_text(m.group(2))}" + (f" {{#{m.group(3)}}}" if m.group(3) else "")
+                continue
+            protect = Protect()
+            line = CODE_SPAN_RE.sub(lambda mm: protect.put(no_autolink(mm.group(0))), line)
+            line = re.sub(r"\\f\$.*?\\f\$|\\f\[.*?\\f\]", lambda mm: protect.put(mm.group(0)), line)
+            lines[i] = protect.restore(emphasis(no_autolink(line)))
+        return "\n".join(lines)
+
     def convert(self) -> str:
         if self.note.legacy:
-            return self.note.text
+            return self.legacy()
         lines = self.note.text.split("\n")
         out = list(lines)
         # Snippet blocks: the caption and \snippet on the marker's two lines, blanks after.

@@ -11,7 +11,8 @@ build="${1:-$root/build}"
 # installed when missing. nvcc (the CUDA Toolkit) is optional: without it the GPU stages
 # are not built and the tour says so.
 need=()
-for pkg in libeigen3-dev doctest-dev libcli11-dev doxygen libjs-mathjax ninja-build cmake g++ python3-pip; do
+# chromium: the docs test renders pages headless (formulas typeset, figures readable).
+for pkg in libeigen3-dev doctest-dev libcli11-dev doxygen libjs-mathjax ninja-build cmake g++ python3-pip chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
