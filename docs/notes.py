@@ -19,8 +19,9 @@ converts a copy of it, line for line, into what Doxygen reads. The format:
     <!-- toc -->                                         the site's table of contents
     <!-- include: stage_table.md -->                     a generated table (site only)
     ![caption](../results/figures/roofline.svg)          a figure (an image line of its own)
-    <!-- lab-hint: online update                         prose that a lab tree shows where the
-    What the region must do, in words. -->               region is stubbed (hidden elsewhere)
+    <!-- lab-hint: 05 online update                      prose that a lab tree shows where
+    What the region must do, in words. -->               stage 05's region "online update" is
+                                                         stubbed (hidden elsewhere)
 
 A literal dollar sign is written `\\$`. Links to other files of the repository (CSV,
 notebooks, scripts) become their path in code type on the site.
@@ -596,6 +597,44 @@ def _relpath(target: Path, start: Path) -> str:
     return os.path.relpath(target, start).replace(os.sep, "/")
 
 
+# ----------------------------------------------------------------------------- labs
+LAB_HINT_RE = re.compile(r"^[ \t]*<!--[ \t]*lab-hint:[ \t]*(\d\d)[ \t]+(.+?)[ \t]*$", re.M)
+LAB_BEGIN_RE = re.compile(r"^\s*//\s*LAB BEGIN:\s*(.+?)\s+(?:—|-)\s+hint:", re.M)
+
+
+def lab_regions(repo: Path) -> dict[str, set[str]]:
+    """Stage number → the names of its lab regions (the LAB BEGIN lines of its sources)."""
+    found: dict[str, set[str]] = {}
+    for folder in sorted((repo / "stages").glob("[0-9][0-9]_*")):
+        for p in folder.rglob("*"):
+            if p.is_file() and p.suffix in SOURCE_EXTS:
+                for m in LAB_BEGIN_RE.finditer(p.read_text(encoding="utf-8", errors="replace")):
+                    found.setdefault(folder.name[:2], set()).add(m.group(1))
+    return found
+
+
+def show_lab_hints(text: str, stubbed: set[tuple[str, str]]) -> str:
+    """For a lab tree: each lab-hint comment of a stubbed (stage, region) becomes a quoted
+    paragraph the student sees; the others stay hidden comments."""
+    lines, out, k = text.split("\n"), [], 0
+    while k < len(lines):
+        m = LAB_HINT_RE.match(lines[k])
+        if not m or (m.group(1), m.group(2)) not in stubbed:
+            out.append(lines[k])
+            k += 1
+            continue
+        end = k
+        while "-->" not in lines[end]:
+            end += 1
+        body = [ln.strip() for ln in lines[k + 1:end + 1]]
+        body[-1] = body[-1].replace("-->", "").rstrip()
+        out.append(f'> **Lab: you write this.** Stage {m.group(1)}\'s region "{m.group(2)}" is '
+                   f"stubbed in this tree: the code above shows its `LAB BEGIN` line with a hint.")
+        out += [("> " + ln) if ln else ">" for ln in body]
+        k = end + 1
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------- checks
 def check_note(tree: Tree, note: Note) -> list[str]:
     """Problems of one note: stale snippets, Doxygen-only syntax in a plain note, and what
@@ -607,8 +646,19 @@ def check_note(tree: Tree, note: Note) -> list[str]:
         line = note.text[:note.text.find(m.group(0))].count("\n") + 1
         problems.append(f"{note.rel}:{line}: Doxygen-only syntax '{m.group(0).strip()}' in a "
                         f"plain-Markdown note (see docs/notes.py for the format)")
+    regions = lab_regions(tree.repo)
+    for m in LAB_HINT_RE.finditer(note.text):
+        if m.group(2) not in regions.get(m.group(1), set()):
+            line = note.text[:m.start()].count("\n") + 1
+            problems.append(f"{note.rel}:{line}: lab-hint for stage {m.group(1)} region '{m.group(2)}', "
+                            f"which no LAB BEGIN line of stage {m.group(1)} names")
     try:
-        fresh = sync_text(note.text, note.path, tree)
+        # A lab tree's notes quote the stubs it was made with, not the student's code.
+        lab_tree = (tree.repo / ".lab.json").is_file()
+        fresh = note.text if lab_tree else sync_text(note.text, note.path, tree)
+        # A lab tree quotes its stubs with their marker lines (scripts/make_lab.py).
+        if fresh != note.text and sync_text(note.text, note.path, tree, keep_lab_markers=True) == note.text:
+            fresh = note.text
         if fresh != note.text:
             old, new = note.text.split("\n"), fresh.split("\n")
             k = next((k for k in range(min(len(old), len(new))) if old[k] != new[k]), min(len(old), len(new)))

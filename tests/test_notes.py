@@ -47,7 +47,7 @@ int y = x + 1;  // y = x + 1
 y = y * 2;
 ```
 
-<!-- lab-hint: step
+<!-- lab-hint: 01 step
 Add one, then double. -->
 Naming file:line and `file:line`.
 ### With `--option` in it
@@ -174,6 +174,17 @@ class Checks(unittest.TestCase):
     def test_lone_dollar(self):
         p = self.problems(NOTE + "\nit costs $5 and more\n")
         self.assertTrue(any("opens no formula" in x for x in p), p)
+
+    def test_lab_hint_of_no_region(self):
+        p = self.problems(NOTE.replace("lab-hint: 01 step", "lab-hint: 01 no such region"))
+        self.assertTrue(any("which no LAB BEGIN line of stage 01 names" in x for x in p), p)
+
+    def test_lab_tree_shows_the_hint(self):
+        text = notes.show_lab_hints(NOTE, {("01", "step")})
+        self.assertIn("> **Lab: you write this.** Stage 01's region \"step\"", text)
+        self.assertIn("> Add one, then double.", text)
+        self.assertNotIn("lab-hint", text)
+        self.assertEqual(notes.show_lab_hints(NOTE, {("01", "other")}), NOTE)
 
     def test_missing_snippet(self):
         p = self.problems(NOTE.replace("<!-- snippet: f.cpp the step -->", "<!-- snippet: f.cpp no such -->"))
