@@ -617,9 +617,10 @@ def show_lab_hints(text: str, stubbed: set[tuple[str, str]]) -> str:
     """For a lab tree: each lab-hint comment of a stubbed (stage, region) becomes a quoted
     paragraph the student sees; the others stay hidden comments."""
     lines, out, k = text.split("\n"), [], 0
+    fenced = {i for i, _, f in split_fences(lines) if f}
     while k < len(lines):
         m = LAB_HINT_RE.match(lines[k])
-        if not m or (m.group(1), m.group(2)) not in stubbed:
+        if not m or k in fenced or (m.group(1), m.group(2)) not in stubbed:
             out.append(lines[k])
             k += 1
             continue
@@ -647,10 +648,12 @@ def check_note(tree: Tree, note: Note) -> list[str]:
         problems.append(f"{note.rel}:{line}: Doxygen-only syntax '{m.group(0).strip()}' in a "
                         f"plain-Markdown note (see docs/notes.py for the format)")
     regions = lab_regions(tree.repo)
-    for m in LAB_HINT_RE.finditer(note.text):
-        if m.group(2) not in regions.get(m.group(1), set()):
-            line = note.text[:m.start()].count("\n") + 1
-            problems.append(f"{note.rel}:{line}: lab-hint for stage {m.group(1)} region '{m.group(2)}', "
+    lines = note.text.split("\n")
+    fenced = {i for i, _, f in split_fences(lines) if f}
+    for k, line in enumerate(lines):
+        m = LAB_HINT_RE.match(line)
+        if m and k not in fenced and m.group(2) not in regions.get(m.group(1), set()):
+            problems.append(f"{note.rel}:{k + 1}: lab-hint for stage {m.group(1)} region '{m.group(2)}', "
                             f"which no LAB BEGIN line of stage {m.group(1)} names")
     try:
         # A lab tree's notes quote the stubs it was made with, not the student's code.
