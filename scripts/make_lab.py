@@ -831,7 +831,7 @@ def generate(repo: Path, out: Path, stubbed_spec: str, force: bool = False, quie
                 (out / f).unlink()
                 removed += 1
 
-    written += lab_notes(out, {(s, r.name) for s in stubbed for r in tree.regions[s]})
+    notes_quoting = lab_notes(out, {(s, r.name) for s in stubbed for r in tree.regions[s]})
     lines = student_lines(changed_sources)
     manifest = {
         "generated_by": "scripts/make_lab.py",
@@ -860,7 +860,8 @@ def generate(repo: Path, out: Path, stubbed_spec: str, force: bool = False, quie
     if not quiet:
         n = sum(len(tree.regions[s]) for s in stubbed)
         print(f"make_lab: wrote {out}: {n} region(s) stubbed in stage(s) "
-              f"{', '.join(sorted(stubbed)) or 'none'}; {written} file(s) written, "
+              f"{', '.join(sorted(stubbed)) or 'none'}; {written} file(s) written ({notes_quoting} "
+              f"notes then quoting the stubs), "
               f"{len(tree.files) - written} unchanged, {removed} removed")
         for s in sorted(stubbed):
             for r in tree.regions[s]:

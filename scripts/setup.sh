@@ -44,7 +44,7 @@ if ((quick == 1)); then
 fi
 
 # Python packages for the ctypes test and the notebooks (from PyPI), when missing.
-if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel" 2>/dev/null; then
+if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel, markdown_it, mdit_py_plugins" 2>/dev/null; then
   echo "setup: installing Python packages from notebooks/requirements.txt"
   python3 -m pip install -q --disable-pip-version-check -r "$root/notebooks/requirements.txt"
 fi

@@ -230,6 +230,33 @@ class Legacy(unittest.TestCase):
 
 
 class TheRepository(unittest.TestCase):
+    def test_every_note_reads_as_plain_markdown(self):
+        """Each plain note, rendered by a CommonMark renderer with $…$ math (markdown-it-py
+        with dollarmath, as GitHub and Jupyter read it): as many formulas as the site gets,
+        a code block under every snippet marker, and no '$' left in the text."""
+        try:
+            from markdown_it import MarkdownIt
+            from mdit_py_plugins.dollarmath import dollarmath_plugin
+        except ImportError:
+            self.skipTest("markdown-it-py / mdit-py-plugins not installed (notebooks/requirements.txt)")
+        import re
+        md = MarkdownIt("commonmark").enable("table").use(dollarmath_plugin, allow_space=True, double_inline=True)
+        tree = notes.Tree(ROOT)
+        for note in tree.notes.values():
+            if note.legacy:
+                continue
+            with self.subTest(note=note.rel):
+                html = md.render(note.text)
+                formulas = html.count('class="math inline"') + html.count('class="math block"')
+                site, _ = notes.to_doxygen(tree, note)
+                expected = len(re.findall(r"\\f\$", notes.strip_code(site))) // 2 + site.count("\\f[")
+                self.assertEqual(formulas, expected, "formulas in plain Markdown vs on the site")
+                markers = len(re.findall(r"<!--\s*snippet:", notes.strip_code(note.text)))
+                self.assertGreaterEqual(html.count("<pre><code"), markers)
+                text = re.sub(r"<(pre|code)[^>]*>.*?</(pre|code)>", "", html, flags=re.S)
+                text = re.sub(r'<(eq|eqn|section|span|div)[^>]*class="math[^"]*"[^>]*>.*?</\1>', "", text, flags=re.S)
+                self.assertNotIn("$", re.sub(r"<[^>]+>", "", text), "a '$' outside any formula")
+
     def test_every_note_passes(self):
         r = subprocess.run([sys.executable, str(ROOT / "docs" / "notes.py"), "check", "--repo", str(ROOT)],
                            capture_output=True, text=True)
