@@ -712,6 +712,11 @@ def lab_readme(tree: Tree, stubbed: set[str], source: dict, lines: dict[tuple[st
             hint = r.hint.replace("|", "\\|")
             at = lines.get((r.stage, r.name), r.begin)
             out.append(f"| {s} | {r.name} | `{r.file}:{at}` in `{r.function}()` | {hint} |\n")
+    eigen = sorted(s for s in stubbed for r in tree.regions[s] if "Eigen" in tree.texts.get(r.file, ""))
+    if eigen and "docs/concepts/eigen.md" in tree.files:
+        out.append(f"\nStage {', '.join(sorted(set(eigen)))} computes with Eigen: `docs/concepts/eigen.md` has the "
+                   "few idioms its code uses (views of memory, products and `noalias()`, rows and "
+                   "heads, arrays, reductions and NaN).\n")
     first = sorted(stubbed)[0]
     out.append("\nStart with the quick check: CPU only, in `build-quick/`, it builds the harness and the "
                "stages' test programs (not the GPU stages, the docs or the notebooks), runs their tests "
