@@ -10,7 +10,9 @@
           images/*.svg            docs/results/figures/*.svg (scripts/plot_results.py draws
                                   them; a figure drawn from other data than the committed
                                   CSVs stops the build here)
-          images/causal_tiles.svg which tiles causal masking computes, masks or skips
+          images/causal_tiles.svg docs/figures/*.svg (docs/figures.py draws them)
+          notes/<path>            every note (stage README.md, docs/*.md, docs/concepts/*.md)
+                                  converted from plain Markdown for Doxygen (docs/notes.py)
         A stage README.md whose first line is not "# Stage NN: Title {#stage_NN}" stops
         the build here, with a message that says so.
 
@@ -31,7 +33,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 SOURCE_EXTS = (".h", ".hpp", ".cpp", ".cu", ".cuh")
-TITLE_RE = re.compile(r"^#\s+(Stage\s+(\d\d)\s*:\s*.*?)\s*\{#(stage_\d\d)\}\s*$")
+# The title line of a stage's notes, in the plain-Markdown form (docs/notes.py) or, for notes
+# not yet converted, Doxygen's.
+TITLE_RE = re.compile(r"^#\s+(Stage\s+(\d\d)\s*:\s*.*?)\s*(?:\{#(stage_\d\d)\}|<a\s+id=\"(stage_\d\d)\"\s*>\s*</a>)\s*$")
 IDEA_RE = re.compile(r"\.idea\s*=\s*((?:\"(?:[^\"\\]|\\.)*\"\s*)+);", re.S)
 
 
@@ -90,13 +94,13 @@ def read_titles(stages):
             continue
         first = s.readme.read_text(encoding="utf-8").splitlines()[:1]
         m = TITLE_RE.match(first[0]) if first else None
-        if not m or m.group(2) != s.number or m.group(3) != "stage_" + s.number:
+        if not m or m.group(2) != s.number or (m.group(3) or m.group(4)) != "stage_" + s.number:
             errors.append(
                 f"{s.readme}: the first line must be '# Stage {s.number}: <title> "
-                f"{{#stage_{s.number}}}' (a Doxygen page with that label); it is "
+                f"<a id=\"stage_{s.number}\"></a>' (the anchor is the page's name on the site); it is "
                 f"{first[0] if first else '(empty file)'!r}")
             continue
-        s.title, s.label = m.group(1), m.group(3)
+        s.title, s.label = m.group(1), m.group(3) or m.group(4)
     return errors
 
 
@@ -198,43 +202,6 @@ def check_figures(repo: Path, rd):
     return errors
 
 
-def svg_causal_tiles() -> str:
-    """Two tile maps: N_q = N_k (8 × 8 tiles) and N_q < N_k (3 × 8), bottom-right causal."""
-    cell, gap = 26, 60
-    maps = [("N_q = N_k = 8 tiles", 8, 8), ("N_q = 3 tiles, N_k = 8 tiles", 3, 8)]
-    colors = {"full": "#4c9be8", "band": "#f5b041", "skip": "#eeeeee"}
-    W = 40 + sum(nk * cell for _, _, nk in maps) + gap * (len(maps) - 1) + 40
-    legend_y = 52 + max(nq for _, nq, _ in maps) * cell + 20
-    H = legend_y + 3 * 20 + 10
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>']
-    x_off = 40
-    for title, nq, nk in maps:
-        out.append(f'<text x="{x_off}" y="24">{title}</text>')
-        out.append(f'<text x="{x_off}" y="42" fill="#555">key tiles j →, query tiles i ↓</text>')
-        for i in range(nq):
-            for j in range(nk):
-                # Tile size B on both sides, N_q = nq·B, N_k = nk·B: row r sees keys
-                # c ≤ r + (N_k − N_q). Tile (i, j) is fully visible when its last key is
-                # visible to its first row, (j+1)B − 1 ≤ iB + (nk − nq)B, i.e. j < i + t;
-                # fully hidden when its first key is hidden from its last row, j > i + t.
-                t = nk - nq
-                kind = "full" if j < i + t else ("skip" if j > i + t else "band")
-                x, y = x_off + j * cell, 52 + i * cell
-                out.append(f'<rect x="{x}" y="{y}" width="{cell - 2}" height="{cell - 2}" '
-                           f'fill="{colors[kind]}" stroke="#888"/>')
-        x_off += nk * cell + gap
-    for k, (kind, text) in enumerate((("full", "computed, no mask (off-band)"),
-                                      ("band", "computed with the element mask (on-band)"),
-                                      ("skip", "skipped: every key is in the future"))):
-        x, y = 40, legend_y + 20 * k
-        out.append(f'<rect x="{x}" y="{y}" width="14" height="14" fill="{colors[kind]}" stroke="#888"/>')
-        out.append(f'<text x="{x + 20}" y="{y + 12}">{text}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
 def folded(summary: str, body: list) -> list:
     """Markdown lines shown only when the reader opens them (HTML <details>)."""
     return (["\\htmlonly", f"<details><summary>{html.escape(summary)}</summary>", "\\endhtmlonly", ""]
@@ -305,6 +272,11 @@ def results_page(tables, repo: Path, rd) -> str:
                 "`scripts/gpu_check.sh` builds for sm_90, runs every test, the compute-sanitizer "
                 "tools over the GPU tests and the benchmark sweep, and writes a summary "
                 f"(`docs/results/{check.name}`; {md_escape(first)}):", ""]
+        own = re.search(r"share of the bf16 GEMM rate \(([0-9.]+) TFLOP/s\)", text)
+        if own and ceil.get("ceiling_bf16_gemm") and float(own.group(1)) != ceil["ceiling_bf16_gemm"]:
+            out += [f"Its benchmark table gives each step's share of the bf16 GEMM rate that the same "
+                    f"run measured ({own.group(1)} TFLOP/s); every other figure and table on this "
+                    f"site uses the anchors' {ceil['ceiling_bf16_gemm']:g}.", ""]
         # The steps and their results in view, the per-test and benchmark lines folded.
         lines = text.replace("\\endverbatim", "\\ endverbatim").rstrip().splitlines()
         cut = next((k for k, line in enumerate(lines) if k and line.startswith("--")), len(lines))
@@ -335,6 +307,44 @@ def results_page(tables, repo: Path, rd) -> str:
     return "\n".join(out)
 
 
+def stage_nav(stage, stages, names) -> str:
+    """The line at the top and the bottom of a stage's notes on the site: the previous and
+    the next stage, the stage's annotated main source, its notes beside its source."""
+    noted = [s for s in stages if s.label]
+    k = noted.index(stage)
+    parts = [f'\\ref {noted[k - 1].label} "← {md_escape(noted[k - 1].title)}"'] if k else []
+    if stage.main_source:
+        disk = doxygen_disk_name(stage.main_source.name)
+        if disk and names.get(stage.main_source.name) == 1:
+            parts.append(f'source: <a href="{disk}_source.html">{stage.main_source.name}</a>')
+    parts.append(f'<a href="reader.html#{stage.name}">notes and source side by side</a>')
+    if k + 1 < len(noted):
+        parts.append(f'\\ref {noted[k + 1].label} "{md_escape(noted[k + 1].title)} →"')
+    return '<div class="stagenav">' + " · ".join(parts) + "</div>"
+
+
+def write_notes(repo: Path, out: Path, stages, names) -> list:
+    """Every note (docs/notes.py) converted for Doxygen into GEN/notes/<its path>, line for
+    line; a stage's notes get the navigation line under the title and at the end."""
+    import notes  # docs/notes.py, beside this script
+    tree, errors = notes.Tree(repo), []
+    for note in tree.notes.values():
+        text, errs = notes.to_doxygen(tree, note)
+        errors += errs
+        stage = next((s for s in stages if s.label and s.readme.resolve() == note.path), None)
+        if stage:
+            nav, lines = stage_nav(stage, stages, names), text.split("\n")
+            if len(lines) > 1 and not lines[1].strip():
+                lines[1] = nav  # the blank line under the title: line numbers stay
+            text = "\n".join(lines).rstrip("\n") + "\n\n" + nav + "\n"
+        (out / "notes" / note.rel).parent.mkdir(parents=True, exist_ok=True)
+        write_if_changed(out / "notes" / note.rel, text)
+    for old in (out / "notes").rglob("*.md"):  # a note that was removed or renamed
+        if old.relative_to(out / "notes").as_posix() not in tree.notes:
+            old.unlink()
+    return errors
+
+
 def write_if_changed(path: Path, text: str):
     if not path.exists() or path.read_text(encoding="utf-8") != text:
         path.write_text(text, encoding="utf-8")
@@ -342,7 +352,7 @@ def write_if_changed(path: Path, text: str):
 
 def cmd_pages(args) -> int:
     repo, out = Path(args.repo).resolve(), Path(args.out)
-    for sub in ("pages", "include", "images"):
+    for sub in ("pages", "include", "images", "notes"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     stages = find_stages(repo)
     errors = read_titles(stages)
@@ -351,7 +361,12 @@ def cmd_pages(args) -> int:
             print("docs: " + e, file=sys.stderr)
         return 1
     rd = results_data(repo)
-    errors = check_figures(repo, rd)
+    import figures  # docs/figures.py, beside this script
+    errors = check_figures(repo, rd) + [f"docs/figures/{n} is not what docs/figures.py draws: run "
+                                        f"python3 docs/figures.py and commit it" for n in figures.stale()]
+    errors += [f"{rel}: its summary table differs from the CSVs': run scripts/plot_results.py and "
+               f"commit it" for rel in rd.stale_summaries(repo)]
+    errors += write_notes(repo, out, stages, input_names(repo))
     if errors:
         for e in errors:
             print("docs: " + e, file=sys.stderr)
@@ -362,7 +377,8 @@ def cmd_pages(args) -> int:
     write_if_changed(out / "pages" / "results.md", results_page(tables, repo, rd))
     for fig in sorted((repo / "docs" / "results" / "figures").glob("*.svg")):
         write_if_changed(out / "images" / fig.name, fig.read_text(encoding="utf-8"))
-    write_if_changed(out / "images" / "causal_tiles.svg", svg_causal_tiles())
+    for fig in sorted((repo / "docs" / "figures").glob("*.svg")):
+        write_if_changed(out / "images" / fig.name, fig.read_text(encoding="utf-8"))
     print(f"docs: {len(stages)} stage folders, {sum(1 for s in stages if s.label)} with notes, "
           f"{len(tables)} result files")
     return 0

@@ -7,6 +7,7 @@
 #      library first, so that a region whose stub cannot compile is named), CPU only;
 #   4. in it, exactly the stubbed stages fail with "not implemented" and everything else
 #      passes (tests that run every stage, such as the tour, may fail only on those stubs);
+#      the student's quick check (scripts/test.sh --quick) grades the stage tests alone;
 #   5. with nvcc present, the stubbed GPU stages' sources compile (CUDA on, one arch);
 #   6. pasting the solution regions back into that same tree makes every test pass.
 #
@@ -82,6 +83,24 @@ step "grading the student tree (expected not implemented: $stubbed)"
 python3 "$tree/scripts/grade.py" --source-dir "$tree" --build-dir "$build" \
   --expect-not-implemented manifest -- -j "$jobs" ||
   fail "the stubbed tree did not fail exactly in the stubbed stages (see above)"
+
+# ---- 4b. the student's quick check (scripts/test.sh --quick) on that build: it finds the
+#          stages' targets, runs the stage tests and the harness only, and grades them
+step "the quick check of the student tree (scripts/test.sh --quick, on the build above)"
+ln -sfn "$build" "$tree/build-quick"
+set +e
+(cd "$tree" && scripts/test.sh --quick) >"$work/quick.log" 2>&1
+quick_rc=$?
+set -e
+rm -f "$tree/build-quick"
+for n in $stubbed; do
+  [ "$((10#$n))" -lt 7 ] || continue
+  grep -q "^stage ${n}_[a-z0-9_]*\(, [a-z ]*\)\?: not implemented" "$work/quick.log" ||
+    { cat "$work/quick.log"; fail "scripts/test.sh --quick does not report stage $n as not implemented"; }
+done
+grep -q "^other tests: .* not selected" "$work/quick.log" && [ "$quick_rc" -ne 0 ] ||
+  { cat "$work/quick.log"; fail "scripts/test.sh --quick ran more than the stage tests and the harness, or exited 0"; }
+grep -E "^(harness|stage 06)" "$work/quick.log" | sed 's/^/  /'
 
 # ---- 5. the stubbed GPU stages compile
 gpu_stages=""

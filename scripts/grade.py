@@ -30,6 +30,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,26 @@ class Result:
     output: str = ""
     message: str = ""  # CTest's reason for a skip or a failure
     stubs: dict[str, list[str]] = field(default_factory=dict)  # stage → regions it reported
+
+    @property
+    def comparison(self) -> list[str]:
+        """The first failing comparison against the reference, whole: the case it ran (the
+        line doctest logs with the problem and seed) and every tensor's line (O, L, and for a
+        backward dQ, dK, dV), each with its errors, worst element and verdict."""
+        lines = self.output.splitlines()
+        for k, ln in enumerate(lines):
+            if not re.search(r"\bmax_abs=.*\bFAIL\s*$", ln):
+                continue
+            start = k
+            while start > 0 and re.search(r"\bmax_abs=", lines[start - 1]):
+                start -= 1
+            end = k
+            while end + 1 < len(lines) and re.search(r"\bmax_abs=", lines[end + 1]):
+                end += 1
+            case = next((lines[j].split("logged:", 1)[1].strip() for j in range(start - 1, max(-1, start - 12), -1)
+                         if "logged:" in lines[j]), "")
+            return ([case] if case else []) + [" ".join(x.split())[:220] for x in lines[start:end + 1]]
+        return []
 
     @property
     def first_error(self) -> str:
@@ -120,15 +141,44 @@ def quoted(regions: list[str]) -> str:
     return f"{word} " + ", ".join(f'"{r}"' for r in regions)
 
 
+def verdict_of(r: Result | None, number: str, known: bool) -> tuple[str, str]:
+    """(state, text) of one stage test."""
+    if r is None and known:
+        return "not selected", "not selected (not among the tests this run was asked for)"
+    if r is None:
+        return "missing", "not built here (no test program: GPU stages need a CUDA build)"
+    if r.status == "passed":
+        return "passed", "passed"
+    if r.status == "skipped":
+        return "skipped", "skipped (no GPU)"
+    if r.status == "failed" and number in r.stubs:
+        text = f"not implemented ({quoted(r.stubs[number])})"
+        others = sorted(s for s in r.stubs if s != number)
+        if others:
+            text += f"; also waits on stage {', '.join(others)}"
+        return "not implemented", text
+    if r.status == "failed" and r.stubs:
+        return "waiting", "failed: it runs a stubbed stage: " + ", ".join(
+            f"stage {s} ({quoted(v)})" for s, v in sorted(r.stubs.items()))
+    return "failed", f"failed ({r.first_error})" if not r.comparison else "failed, on the case and comparison below:"
+
+
 def summarise(results: dict[str, Result], folders: dict[str, str],
-              pending: dict[str, list[str]] | None = None) -> tuple[list[str], dict]:
-    """The summary lines, and per stage / other test what they came to (for --expect)."""
+              pending: dict[str, list[str]] | None = None,
+              known: set[str] | None = None) -> tuple[list[str], dict]:
+    """The summary lines, and per stage / other test what they came to (for --expect).
+    `known`: every test the build has (ctest -N), so that one this run did not select is
+    told apart from one the build lacks."""
     pending = pending or {}
+    known = known if known is not None else set(results)
     lines: list[str] = []
     verdict = {"stages": {}, "harness": None, "others": {}}
 
     h = results.get("harness")
-    if h is None:
+    if h is None and "harness" in known:
+        verdict["harness"] = "not selected"
+        lines.append("harness: not selected (not among the tests this run was asked for)")
+    elif h is None:
         verdict["harness"] = "missing"
         lines.append("harness: missing (no test named harness in this build)")
     elif h.status == "failed" and h.stubs:
@@ -140,33 +190,27 @@ def summarise(results: dict[str, Result], folders: dict[str, str],
         lines.append(f"harness: {h.status}" + (f" ({h.first_error})" if h.status != "passed" else ""))
 
     for number, folder in folders.items():
-        r = results.get(f"stage{number}")
-        if r is None:
-            state, text = "missing", "not built here (no test program: GPU stages need a CUDA build)"
-        elif r.status == "passed":
-            state, text = "passed", "passed"
-        elif r.status == "skipped":
-            state, text = "skipped", "skipped (no GPU)"
-        elif r.status == "failed" and number in r.stubs:
-            state, text = "not implemented", f"not implemented ({quoted(r.stubs[number])})"
-            others = sorted(s for s in r.stubs if s != number)
-            if others:
-                text += f"; also waits on stage {', '.join(others)}"
-        elif r.status == "failed" and r.stubs:
-            state = "waiting"
-            text = "failed: it runs a stubbed stage: " + ", ".join(
-                f"stage {s} ({quoted(v)})" for s, v in sorted(r.stubs.items()))
-        else:
-            state, text = "failed", f"failed ({r.first_error})"
-        left = [x for x in pending.get(number, []) if not (r and x in r.stubs.get(number, []))]
-        if left:
-            text += f"; still stubbed in the source: {quoted(left)}"
-        verdict["stages"][number] = {"state": state, "stubs": r.stubs if r else {}}
-        lines.append(f"stage {folder}: {text}")
+        # A stage's tests: stageNN (all of them) and, for a CPU stage with a backward,
+        # stageNN_forward (its forward alone), each graded on its own line.
+        parts = [("", f"stage{number}")]
+        if f"stage{number}_forward" in results or f"stage{number}_forward" in known:
+            parts = [(", forward alone", f"stage{number}_forward"), (", all its tests", f"stage{number}")]
+        for label, test in parts:
+            r = results.get(test)
+            state, text = verdict_of(r, number, test in known)
+            if r is not None and state in ("not implemented", "waiting", "failed"):
+                left = [x for x in pending.get(number, []) if x not in r.stubs.get(number, [])]
+                if left and test == f"stage{number}":
+                    text += f"; still stubbed in the source: {quoted(left)}"
+            verdict["stages"][test[len("stage"):]] = {"state": state, "stubs": r.stubs if r else {}}
+            lines.append(f"stage {folder}{label}: {text}")
+            if r is not None and state == "failed":
+                lines += ["    " + x for x in r.comparison]
 
-    stage_tests = {f"stage{n}" for n in folders} | {"harness"}
+    stage_tests = {f"stage{n}" for n in folders} | {f"stage{n}_forward" for n in folders} | {"harness"}
     others = {n: r for n, r in results.items() if n not in stage_tests}
-    if others:
+    unselected = sorted(n for n in known - set(results) if n not in stage_tests)
+    if others or unselected:
         passed = [n for n, r in others.items() if r.status in ("passed", "skipped")]
         waiting: dict[str, list[str]] = {}
         broken = []
@@ -185,8 +229,17 @@ def summarise(results: dict[str, Result], folders: dict[str, str],
             parts.append(f"waiting on stage {s}: {', '.join(names)}")
         if broken:
             parts.append("FAILED: " + ", ".join(f"{n} ({others[n].first_error})" for n in broken))
+        if unselected:
+            parts.append(f"{len(unselected)} not selected")
         lines.append("other tests: " + "; ".join(parts))
     return lines, verdict
+
+
+def known_tests(build: Path, results: dict[str, Result]) -> set[str]:
+    """Every test of the build (ctest -N), so that a test this run did not select (ctest
+    -R …) reads "not selected", not "not built here"."""
+    r = subprocess.run(["ctest", "--test-dir", str(build), "-N"], capture_output=True, text=True)
+    return set(re.findall(r"Test\s+#\d+: (\S+)", r.stdout)) | set(results)
 
 
 def check_expectation(verdict: dict, expected: set[str], folders: dict[str, str]) -> list[str]:
@@ -195,17 +248,17 @@ def check_expectation(verdict: dict, expected: set[str], folders: dict[str, str]
     problems = []
     if verdict["harness"] != "passed":
         problems.append(f"harness: {verdict['harness']} (expected passed)")
-    for number in folders:
-        v = verdict["stages"].get(number, {"state": "missing", "stubs": {}})
+    for key, v in verdict["stages"].items():  # "06", and "06_forward" for a forward alone
+        number = key[:2]
         if number in expected:
             # A GPU stage without a GPU (skipped) or without nvcc (missing) cannot show it.
             if v["state"] not in ("not implemented", "skipped", "missing"):
-                problems.append(f"stage {number}: {v['state']} (expected not implemented)")
+                problems.append(f"stage {key}: {v['state']} (expected not implemented)")
         elif v["state"] not in ("passed", "skipped", "missing"):
-            problems.append(f"stage {number}: {v['state']} (expected passed)")
+            problems.append(f"stage {key}: {v['state']} (expected passed)")
         stray = set(v["stubs"]) - expected
         if stray:
-            problems.append(f"stage {number}: reported stubs of stage(s) {', '.join(sorted(stray))}, "
+            problems.append(f"stage {key}: reported stubs of stage(s) {', '.join(sorted(stray))}, "
                             f"which should not be stubbed")
     for name, v in verdict["others"].items():
         if v["state"] == "failed":
@@ -241,15 +294,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if junit.exists():
             junit.unlink()
+        # CTest's own output (every failing test's output with --output-on-failure) goes to
+        # a log; the summary below says what it came to.
+        log = build / "lab-ctest.log"
         cmd = ["ctest", "--test-dir", str(build), "--output-junit", str(junit), *ctest_args]
-        subprocess.run(cmd)  # its own failures are what we report below
+        print(f"grade: running ctest {' '.join(ctest_args)} (its output: {log})", flush=True)
+        start = time.time()
+        with log.open("w", encoding="utf-8") as fh:
+            subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)  # failures are reported below
+        print(f"grade: ctest took {time.time() - start:.0f} s")
     if not junit.is_file():
         print(f"grade: no JUnit report at {junit} (did CTest run?)", file=sys.stderr)
         return 2
 
     folders = stage_folders(a.source_dir)
     results = read_junit(junit)
-    lines, verdict = summarise(results, folders, stubbed_regions(a.source_dir, folders))
+    lines, verdict = summarise(results, folders, stubbed_regions(a.source_dir, folders), known_tests(build, results))
     print(f"\n== lab summary ({len(results)} tests; JUnit report: {junit}) ==")
     for ln in lines:
         print(ln)

@@ -715,16 +715,51 @@ def lab_readme(tree: Tree, stubbed: set[str], source: dict, lines: dict[tuple[st
             hint = r.hint.replace("|", "\\|")
             at = lines.get((r.stage, r.name), r.begin)
             out.append(f"| {s} | {r.name} | `{r.file}:{at}` in `{r.function}()` | {hint} |\n")
-    out.append("\nTest everything (builds `build/`, runs CTest, prints one line per stage and writes "
-               "the JUnit report `build/lab-results.xml`):\n\n    scripts/test.sh\n\n"
-               "One stage, after a first `scripts/test.sh`:\n\n"
-               "    cmake --build build --target test_stage05 && ./build/tests/test_stage05\n")
+    eigen = sorted(s for s in stubbed for r in tree.regions[s] if "Eigen" in tree.texts.get(r.file, ""))
+    if eigen and "docs/concepts/eigen.md" in tree.files:
+        out.append(f"\nStage {', '.join(sorted(set(eigen)))} computes with Eigen: `docs/concepts/eigen.md` has the "
+                   "few idioms its code uses (views of memory, products and `noalias()`, rows and "
+                   "heads, arrays, reductions and NaN).\n")
+    first = sorted(stubbed)[0]
+    out.append("\nStart with the quick check: CPU only, in `build-quick/`, it builds the harness and the "
+               "stages' test programs (not the GPU stages, the docs or the notebooks), runs their tests "
+               "and prints one line per stage (and per part, for a stage whose forward is graded "
+               "alone), with the failing comparison in full:\n\n    scripts/test.sh --quick\n\n"
+               f"Then one stage at a time: this rebuilds everything of stage {first} (its library, its "
+               "program, its test programs) and runs its tests only:\n\n"
+               f"    scripts/test.sh --quick --stage {first}\n"
+               f"    ./build-quick/tests/test_stage{first}                 # its test program, every case\n"
+               f"    ./build-quick/stages/{tree.stage_folders[first]}/stage{first} --help   # the stage program\n\n"
+               "Everything (GPU stages when nvcc is there, the docs, the notebooks, the tour), "
+               "in `build/`, with the JUnit report `build/lab-results.xml`:\n\n    scripts/test.sh\n")
     if any(r.device for s in stubbed for r in tree.regions[s]):
         out.append("\nGPU stages: a kernel cannot throw, so a stubbed kernel region holds a line "
                    "`#define FA_LAB_PENDING_NN_K \"NAME\"`, and the stage's host launcher refuses "
                    "to run while that macro is defined. Replacing the `#define` with your code is "
                    "all it takes. Their tests need a GPU; without one they are skipped.\n")
     return "".join(out)
+
+
+def lab_notes(out: Path, stubbed_regions: set[tuple[str, str]]) -> int:
+    """The notes of the student tree quote its own sources (docs/notes.py sync): a stubbed
+    region shows as its stub between its marker lines, which carry the hint, and the notes'
+    lab-hint comments of the stubbed regions become paragraphs the student reads. Returns
+    the number of notes rewritten."""
+    if not (out / "docs" / "notes.py").is_file():
+        return 0
+    sys.path.insert(0, str(out / "docs"))
+    try:
+        import notes  # the student tree's docs/notes.py
+    finally:
+        sys.path.pop(0)
+    tree, written = notes.Tree(out), 0
+    for note in tree.notes.values():
+        if note.legacy:
+            continue
+        text = notes.sync_text(note.text, note.path, tree, keep_lab_markers=True)
+        text = notes.show_lab_hints(text, stubbed_regions)
+        written += write_if_changed(note.path, text)
+    return written
 
 
 def write_if_changed(path: Path, text: str | None, src: Path | None = None) -> bool:
@@ -804,6 +839,7 @@ def generate(repo: Path, out: Path, stubbed_spec: str, force: bool = False, quie
                 (out / f).unlink()
                 removed += 1
 
+    notes_quoting = lab_notes(out, {(s, r.name) for s in stubbed for r in tree.regions[s]})
     lines = student_lines(changed_sources)
     manifest = {
         "generated_by": "scripts/make_lab.py",
@@ -832,7 +868,8 @@ def generate(repo: Path, out: Path, stubbed_spec: str, force: bool = False, quie
     if not quiet:
         n = sum(len(tree.regions[s]) for s in stubbed)
         print(f"make_lab: wrote {out}: {n} region(s) stubbed in stage(s) "
-              f"{', '.join(sorted(stubbed)) or 'none'}; {written} file(s) written, "
+              f"{', '.join(sorted(stubbed)) or 'none'}; {written} file(s) written ({notes_quoting} "
+              f"notes then quoting the stubs), "
               f"{len(tree.files) - written} unchanged, {removed} removed")
         for s in sorted(stubbed):
             for r in tree.regions[s]:
@@ -868,6 +905,7 @@ def paste_back(repo: Path, student: Path, spec: str, quiet: bool = False) -> lis
             lines[r.begin:r.end - 1] = wanted[(r.stage, r.name)].body
             pasted.append(r)
         write_if_changed(student / f, "".join(lines))
+    lab_notes(student, {(s, r.name) for s, rs in mine.regions.items() if s not in stages for r in rs})
     if not quiet:
         print(f"make_lab: pasted {len(pasted)} solution region(s) back into {student}")
         for r in sorted(pasted, key=lambda r: (r.stage, r.begin)):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The results figures, drawn from the committed CSVs under docs/results/.
 
-    scripts/plot_results.py                 write docs/results/figures/*.svg
+    scripts/plot_results.py                 write docs/results/figures/*.svg, and the summary
+                                            table into README.md and docs/results/README.md
     scripts/plot_results.py --png DIR       also write PNG copies into DIR (to look at)
     scripts/plot_results.py --summary       print the summary table (Markdown), nothing else
 
@@ -237,6 +238,17 @@ def main() -> int:
             Path(args.png).mkdir(parents=True, exist_ok=True)
             fig.savefig(Path(args.png) / f"{name}.png", dpi=100)
         print(f"plot_results: {out / (name + '.svg')}")
+    table = rd.summary_markdown(stages)
+    for rel in rd.SUMMARY_COPIES:
+        path = rd.RESULTS.parent.parent / rel
+        text = path.read_text(encoding="utf-8")
+        new = rd.with_summary(text, table)
+        if new is None:
+            print(f"plot_results: {rel} has no summary table (a line starting '| stage | pass |')",
+                  file=sys.stderr)
+        elif new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"plot_results: the summary table of {rel}")
     return 0
 
 

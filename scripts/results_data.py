@@ -193,6 +193,32 @@ def runs(results: Path = RESULTS):
     return out
 
 
+# The files that carry the summary table as a copy (plain Markdown has no include), each
+# kept equal to summary_markdown() by scripts/plot_results.py; the docs build checks them.
+SUMMARY_COPIES = ("README.md", "docs/results/README.md")
+
+
+def with_summary(text: str, table: str):
+    """`text` with its summary table (the block of lines from the one that starts
+    '| stage | pass |' to the last table line) replaced by `table`; None if it has none."""
+    lines = text.split("\n")
+    start = next((k for k, ln in enumerate(lines) if ln.startswith("| stage | pass |")), None)
+    if start is None:
+        return None
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "\n".join(lines[:start] + table.rstrip("\n").split("\n") + lines[end:])
+
+
+def stale_summaries(repo: Path):
+    """The SUMMARY_COPIES whose table differs from the one the CSVs give now."""
+    table = summary_markdown(stage_points(repo / "docs" / "results"))
+    return [rel for rel in SUMMARY_COPIES
+            if (repo / rel).is_file() and with_summary((repo / rel).read_text(encoding="utf-8"), table)
+            != (repo / rel).read_text(encoding="utf-8")]
+
+
 def inputs_digest(results: Path = RESULTS):
     """A digest of the files the figures are drawn from: plot_results.py writes it into each
     SVG, and gen_pages.py refuses figures drawn from other data."""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Executes every notebook in notebooks/ against the real stages, and fails on any error.
+# Executes every notebook in notebooks/ against the real stages, and fails on any error and
+# on any output to stderr (a warning), so that the committed outputs are clean.
 #
 #   scripts/run_notebooks.sh             run each into a temporary copy (the tree is untouched)
 #   scripts/run_notebooks.sh --inplace   run and save the outputs into notebooks/*.ipynb
@@ -57,6 +58,15 @@ for path in map(pathlib.Path, paths):
         failed.append(path.name)
         status = "FAILED"
         print(str(e), file=sys.stderr)
+    # Outputs must be clean: anything a cell wrote to stderr (a warning, a deprecation) fails.
+    for k, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                text = "".join(out.get("text", "")).strip()
+                print(f"run_notebooks: {path.name}, cell {k}: wrote to stderr:\n{text[:800]}", file=sys.stderr)
+                if status == "ok":
+                    failed.append(path.name)
+                    status = "WARNED"
     target = path if inplace else out_dir / path.name
     nbformat.write(nb, target)
     print(f"run_notebooks: {path.name:<28} {status:<7} {time.time() - start:6.1f} s  -> {target}")

@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a Debian machine, only what is missing, then
-# configures and builds. Sourced by tour.sh and test.sh; a second call is fast.
+# configures and builds. Run by tour.sh and test.sh; a second call is fast.
 #
-#   scripts/setup.sh [build-dir]        (default: build)
+#   scripts/setup.sh [build-dir]           (default: build) everything: CUDA when nvcc is
+#                                          there, the docs, the notebooks' Python packages
+#   scripts/setup.sh --quick [build-dir]   (default: build-quick) CPU only: no CUDA, no docs,
+#                                          no Python packages; configures, builds nothing
+#                                          (scripts/test.sh --quick builds what it runs)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 build="${1:-$root/build}"
+((quick == 0)) || build="${1:-$root/build-quick}"
 
 # Debian packages: compilers and CMake are assumed (build-essential, cmake); the rest is
 # installed when missing. nvcc (the CUDA Toolkit) is optional: without it the GPU stages
-# are not built and the tour says so.
+# are not built and the tour says so. chromium: the docs test renders pages headless
+# (formulas typeset, figures readable).
+packages=(libeigen3-dev doctest-dev libcli11-dev ninja-build cmake g++)
+((quick == 1)) || packages+=(doxygen libjs-mathjax python3-pip chromium)
 need=()
-for pkg in libeigen3-dev doctest-dev libcli11-dev doxygen libjs-mathjax ninja-build cmake g++ python3-pip; do
+for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -22,8 +35,16 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+if ((quick == 1)); then
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_ENABLE_CUDA=OFF \
+      -DFA_BUILD_DOCS=OFF >/dev/null
+  fi
+  exit 0
+fi
+
 # Python packages for the ctypes test and the notebooks (from PyPI), when missing.
-if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel" 2>/dev/null; then
+if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel, markdown_it, mdit_py_plugins" 2>/dev/null; then
   echo "setup: installing Python packages from notebooks/requirements.txt"
   python3 -m pip install -q --disable-pip-version-check -r "$root/notebooks/requirements.txt"
 fi

@@ -1,9 +1,53 @@
 #!/usr/bin/env bash
-# The README's "test" command: set up (if needed), build, and run every test with CTest
-# (GPU tests are skipped without a GPU; the docs and notebooks run as tests too).
-#   scripts/test.sh [extra ctest arguments]
+# The README's "test" command: set up (if needed), build, and run the tests with CTest (GPU
+# tests are skipped without a GPU; the docs and the notebooks run as tests too).
+#
+#   scripts/test.sh [ctest arguments]            everything, in build/
+#   scripts/test.sh --quick [ctest arguments]    CPU only, in build-quick/: the harness and the
+#                                                stages' own tests (no CUDA, docs, notebooks,
+#                                                tour or C ABI); builds only what they need and
+#                                                prints the build's output only if it fails
+#   scripts/test.sh [--quick] --stage NN [...]   one stage: rebuild everything of stage NN
+#                                                (target stageNN_all) and run its tests only
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/scripts/setup.sh" "$root/build"
-cd "$root/build"
-ctest --output-on-failure -j "$(nproc)" "$@"
+quick=0
+stage=""
+args=()
+while (($#)); do
+  case "$1" in
+    --quick) quick=1 ;;
+    --stage) stage="$(printf '%02d' "$((10#${2:?--stage needs a stage number}))")"; shift ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
+
+select=()
+if ((quick == 0)); then
+  build="$root/build"
+  "$root/scripts/setup.sh" "$build"
+else
+  build="$root/build-quick"
+  "$root/scripts/setup.sh" --quick "$build"
+fi
+if [ -n "$stage" ] || ((quick == 1)); then
+  if [ -n "$stage" ]; then
+    targets=("stage${stage}_all")
+    select=(-R "^stage${stage}(_forward)?\$")
+  else
+    # The harness and every CPU stage's test programs.
+    targets=(test_harness $(ninja -C "$build" -t targets all | sed -n 's/^\(stage[0-9][0-9]_all\): .*/\1/p'))
+    select=(-R '^(harness|stage[0-9][0-9](_forward)?)$')
+  fi
+  start=$(date +%s)
+  echo "test: building ${targets[*]} in $build"
+  if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1; then
+    grep -E "error|Error" -A3 "$build/build.log" | head -n 60
+    echo "test: the build failed (full log: $build/build.log)"
+    exit 1
+  fi
+  echo "test: built in $(( $(date +%s) - start )) s"
+fi
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" "${select[@]}" "${args[@]}"

@@ -12,9 +12,15 @@ By parsing the HTML (Python standard library only):
   - every page loads MathJax from the local copy (a relative src, no network), and the
     MathJax files its configuration names are in the site;
   - no lab marker (LAB BEGIN / LAB END) reached any page or source listing;
-  - every relative link on those pages and in the side-by-side reader leads to a file.
+  - every link on those pages and in the side-by-side reader leads to a file of the site,
+    and to an anchor that exists there (a link with a scheme other than http(s), mailto or
+    javascript, such as Doxygen's autolink of `file:line`, fails);
+  - no rendering fault shows in their text: a literal ** (Markdown emphasis Doxygen left),
+    an HTML tag shown as text (`<tt>` in a heading), a formula delimiter left over.
 With headless Chromium (when installed, or --chromium yes): one stage page and one concept
-page are rendered, and their formulas must come out as typeset MathJax without errors.
+page are rendered, and their formulas must come out as typeset MathJax without errors; the
+results page's figures are measured as shown (loaded, text at least 8 px high) and in a
+screenshot (not blank; tests/docs_render.py).
 
 Exit status 0 when everything holds; otherwise 1, after listing every failure.
 """
@@ -27,6 +33,11 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import notes  # noqa: E402  (docs/notes.py: the notes' plain-Markdown format)
+import docs_render  # noqa: E402  (tests/docs_render.py: the figures in headless Chromium)
 
 LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
 
@@ -58,6 +69,8 @@ class Page(HTMLParser):
             self.hrefs.append(a["href"])
         elif tag in ("iframe", "img") and a.get("src"):
             self.hrefs.append(a["src"])
+        elif tag == "object" and a.get("data"):
+            self.hrefs.append(a["data"])
 
     def handle_endtag(self, tag):
         if tag == "div" and self._stack:
@@ -77,6 +90,45 @@ class Page(HTMLParser):
         return kind in self._stack
 
 
+class Visible(HTMLParser):
+    """The text a reader sees on a page, without code (fragments, <code>, <pre>), scripts and
+    styles: where a Markdown mark or a tag shown literally would be a rendering fault."""
+
+    SKIP = {"script", "style", "pre", "code", "tt", "kbd"}
+    VOID = {"br", "img", "hr", "input", "meta", "link", "area", "base", "col", "wbr"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.chunks = []
+        self._stack = []  # (tag, skipping)
+
+    def _skipping(self):
+        return any(skip for _, skip in self._stack)
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.VOID:
+            return
+        cls = (dict(attrs).get("class") or "").split()
+        self._stack.append((tag, tag in self.SKIP or (tag == "div" and "fragment" in cls)))
+
+    def handle_endtag(self, tag):
+        for k in range(len(self._stack) - 1, -1, -1):
+            if self._stack[k][0] == tag:
+                del self._stack[k:]
+                break
+
+    def handle_data(self, data):
+        if not self._skipping():
+            self.chunks.append(data)
+
+    def text(self):
+        return "".join(self.chunks)
+
+
+LITERAL_TAG_RE = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")
+ALLOWED_SCHEMES = ("http", "https", "mailto", "javascript")
+
+
 def parse(path: Path) -> Page:
     p = Page()
     p.feed(path.read_text(encoding="utf-8", errors="replace"))
@@ -94,22 +146,27 @@ class Checker:
     def __init__(self, html_dir: Path, repo: Path):
         self.html = html_dir
         self.repo = repo
+        self.tree = notes.Tree(repo)
         self.failures = []
         self.checked_pages = 0
         self.have_mathjax = self.have_reader = True
+        self._anchors = {}
 
     def fail(self, msg):
         self.failures.append(msg)
 
     # ------------------------------------------------------------------ one page
     def check_source_page(self, md_path: Path, role: str):
-        """A Markdown page (stage notes or concept page): exists, snippets, formulas."""
-        text = md_path.read_text(encoding="utf-8")
+        """A Markdown page (stage notes or concept page): exists, snippets, formulas. The
+        counts come from the note as Doxygen reads it (docs/notes.py converts it)."""
+        note = notes.read_note(md_path, self.repo)
+        text, _ = notes.to_doxygen(self.tree, note)
         first = text.splitlines()[0] if text.strip() else ""
         m = LABEL_RE.search(first)
         rel = md_path.relative_to(self.repo)
         if not m:
-            self.fail(f"{rel}: first line has no {{#label}}, so it has no stable page name")
+            self.fail(f"{rel}: its title has no anchor (<a id=\"...\"></a>), so it has no stable "
+                      f"page name")
             return None
         label = m.group(1)
         page_file = self.html / f"{label}.html"
@@ -149,6 +206,7 @@ class Checker:
                       f"did not convert)")
         self.check_mathjax_refs(page_file, page)
         self.check_links(page_file, page)
+        self.check_text(page_file)
         return label
 
     def check_mathjax_refs(self, page_file: Path, page: Page):
@@ -178,15 +236,55 @@ class Checker:
                 if not (root / "jax" / jax / "config.js").exists():
                     self.fail(f"{page_file.name}: MathJax {jax} is missing from mathjax/jax")
 
+    def check_text(self, page_file: Path):
+        """Rendering faults a reader would see: Markdown emphasis left as literal ** (Doxygen
+        1.9 does so next to a formula), an HTML tag shown as text (`<tt>` in a heading),
+        formula delimiters MathJax will not read."""
+        v = Visible()
+        v.feed(page_file.read_text(encoding="utf-8", errors="replace"))
+        text = v.text()
+        for m in re.finditer(r"\*\*", text):
+            around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
+            self.fail(f"{page_file.name}: a literal ** in the text: '{around}'")
+            break
+        for m in LITERAL_TAG_RE.finditer(text):
+            around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
+            self.fail(f"{page_file.name}: an HTML tag shown as text, {m.group(0)}: '{around}'")
+            break
+        for m in re.finditer(r"\\f[$\[\]]|(?<![\\$])\$\$?(?=[A-Za-z\\{])", text):
+            around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
+            self.fail(f"{page_file.name}: a formula delimiter left in the text: '{around}'")
+            break
+
+    def anchors(self, page_file: Path):
+        """The ids and names a page defines (cached): the targets of page.html#anchor."""
+        key = page_file.resolve()
+        if key not in self._anchors:
+            raw = page_file.read_text(encoding="utf-8", errors="replace")
+            self._anchors[key] = set(re.findall(r'\b(?:id|name)="([^"]+)"', raw))
+        return self._anchors[key]
+
     def check_links(self, page_file: Path, page: Page):
+        """Every link on a page leads somewhere: a file of the site, an anchor that exists
+        there, or a URL with a web scheme (Doxygen turns text such as `file:line` into a
+        link to the scheme file:, which leads nowhere)."""
         for href in page.hrefs:
-            if re.match(r"^([a-z]+:|#|javascript:)", href):
+            scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", href)
+            if scheme:
+                if scheme.group(1).lower() not in ALLOWED_SCHEMES:
+                    self.fail(f"{page_file.name}: a link to '{href}', which is no web address "
+                              f"(text Doxygen took for a URL?)")
                 continue
-            target = href.split("#")[0].split("?")[0]
-            if not target or (target == "reader.html" and not self.have_reader):
+            target, _, anchor = href.partition("#")
+            target = target.split("?")[0]
+            if target == "reader.html" and not self.have_reader:
                 continue
-            if not (page_file.parent / htmllib.unescape(target)).exists():
+            path = page_file.parent / htmllib.unescape(target) if target else page_file
+            if not path.exists():
                 self.fail(f"{page_file.name}: link to {href}, which is not in the site")
+            elif anchor and path.suffix == ".html" and path.name != "reader.html" \
+                    and htmllib.unescape(anchor) not in self.anchors(path):
+                self.fail(f"{page_file.name}: link to {href}: {path.name} has no anchor '{anchor}'")
 
     # ------------------------------------------------------------------ the site
     def run(self):
@@ -204,6 +302,7 @@ class Checker:
         main = parse(index)
         self.check_mathjax_refs(index, main)
         self.check_links(index, main)
+        self.check_text(index)
         main_text = index.read_text(encoding="utf-8", errors="replace")
 
         stage_dirs = sorted(d for d in (self.repo / "stages").glob("[0-9][0-9]_*") if d.is_dir())
@@ -221,6 +320,9 @@ class Checker:
             self.fail("docs/concepts/ holds no page")
         for c in concepts:
             self.check_source_page(c, "concept")
+        for page in sorted((self.repo / "docs").glob("*.md")):
+            if page.name != "mainpage.md":
+                self.check_source_page(page, "docs")
         mainpage = self.repo / "docs" / "mainpage.md"
         if mainpage.exists():
             text = strip_code(mainpage.read_text(encoding="utf-8"))
@@ -232,6 +334,7 @@ class Checker:
                 self.fail(f"{extra} was not generated (docs/gen_pages.py)")
             else:
                 self.check_links(p, parse(p))
+                self.check_text(p)
 
         # The side-by-side reader: every stage folder listed, every page it names exists.
         stage_pages = []
@@ -299,6 +402,14 @@ class Checker:
                 self.fail(f"{p.name}: MathJax typeset nothing in headless Chromium")
             if errors:
                 self.fail(f"{p.name}: MathJax reported {errors} errors in headless Chromium")
+        # The figures of the results page, measured as shown and in a screenshot (kept
+        # beside the site: BUILD/docs/results_screenshot.png).
+        failures, notes_ = docs_render.check_figures(chromium, self.html,
+                                                     shot=self.html.parent / "results_screenshot.png")
+        for n in notes_:
+            print(f"check_docs: chromium: {n}")
+        for f in failures:
+            self.fail(f)
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 # Runs CMD with ARGS (a ;-list) and checks its exit code (EXPECT_RC) and that stderr
-# contains EXPECT_ERR and/or stdout contains EXPECT_OUT.
+# contains EXPECT_ERR and/or stdout contains EXPECT_OUT (and, with REJECT_OUT, does not
+# match it).
 execute_process(COMMAND ${CMD} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL EXPECT_RC)
   message(FATAL_ERROR "exit code ${rc}, expected ${EXPECT_RC}\nstdout: ${out}\nstderr: ${err}")
@@ -19,5 +20,8 @@ if(DEFINED EXPECT_ERR)
 endif()
 if(DEFINED EXPECT_OUT AND NOT out MATCHES "${EXPECT_OUT}")
   message(FATAL_ERROR "stdout does not contain '${EXPECT_OUT}': ${out}")
+endif()
+if(DEFINED REJECT_OUT AND out MATCHES "${REJECT_OUT}")
+  message(FATAL_ERROR "stdout matches '${REJECT_OUT}', which it must not: ${out}")
 endif()
 message(STATUS "ok: exit ${rc}")

@@ -6,12 +6,29 @@
 /// the worst element (b, h, row, col), so they can be replayed with the stage program.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "stage.h"
+
+// A C string that starts an INFO() message prints as text: doctest 2.4.9 prints a pointer
+// (its own switch for this, DOCTEST_CONFIG_TREAT_CHAR_STAR_AS_STRING, does not compile).
+#if DOCTEST_VERSION <= 20409
+namespace doctest {
+template <>
+struct StringMaker<const char*> {
+  static String convert(const char* s) { return s ? String(s) : String("(null)"); }
+};
+template <>
+struct StringMaker<char*> {
+  static String convert(const char* s) { return s ? String(s) : String("(null)"); }
+};
+}  // namespace doctest
+#endif
 
 namespace fa::test {
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Unit tests of scripts/grade.py's summary (CTest: grade_summary), on JUnit reports written
+here: a failing stage shows its case and every comparison line; a stage whose forward is
+graded alone gets a line per part; a test the build has but the run did not select reads
+"not selected", one the build lacks "not built here"; --expect-not-implemented counts the
+forward part like its stage."""
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import grade  # noqa: E402
+
+FAILING_05 = """[doctest] ...
+TEST CASE:  stage 05: shape matrix
+  logged: 05_one_pass_fused f32 batch=2 heads=2 kv_heads=2 seq_q=2 seq_k=2 d=64 non-causal scale=0.125 seed=101 dist=normal
+          O: max_abs=6.924e-01 (tol 2.475e-06) max_rel=1.249e+01 rel_fro=1.182e-01 worst (b,h,row,col)=(0,0,0,56) got 1.478e-01 ref 8.402e-01 FAIL
+L: max_abs=3.067e-01 (tol 1.707e-06) max_rel=7.051e-01 rel_fro=1.067e-01 worst (b,h,row,col)=(0,0,0,0) got 7.418e-01 ref 4.350e-01 FAIL
+"""
+STUB_06 = 'not implemented: stage 06, region "recompute P and dS"\n'
+
+
+def junit(cases):
+    body = []
+    for name, status, out in cases:
+        inner = {"passed": "", "failed": '<failure message="Failed"/>',
+                 "skipped": '<skipped message="SKIP_RETURN_CODE=77"/>'}[status]
+        body.append(f'<testcase name="{name}" status="{"fail" if status == "failed" else "run"}">{inner}'
+                    f"<system-out><![CDATA[{out}]]></system-out></testcase>")
+    return '<?xml version="1.0"?><testsuite>' + "".join(body) + "</testsuite>"
+
+
+FOLDERS = {"04": "04_two_pass_online", "05": "05_one_pass_fused", "06": "06_tiled_cpu", "07": "07_smem_cuda"}
+
+
+class Summary(unittest.TestCase):
+    def summary(self, cases, known=None):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "r.xml"
+            path.write_text(junit(cases))
+            results = grade.read_junit(path)
+        return grade.summarise(results, FOLDERS, {}, known)
+
+    def test_every_comparison_line(self):
+        lines, v = self.summary([("harness", "passed", ""), ("stage05", "failed", FAILING_05)])
+        k = lines.index("stage 05_one_pass_fused: failed, on the case and comparison below:")
+        self.assertIn("seed=101", lines[k + 1])
+        self.assertTrue(lines[k + 2].strip().startswith("O: max_abs=6.924e-01"))
+        self.assertTrue(lines[k + 3].strip().startswith("L: max_abs=3.067e-01"))
+        self.assertEqual(v["stages"]["05"]["state"], "failed")
+
+    def test_forward_graded_alone(self):
+        lines, v = self.summary([("harness", "passed", ""), ("stage06_forward", "passed", ""),
+                                 ("stage06", "failed", STUB_06)])
+        self.assertIn("stage 06_tiled_cpu, forward alone: passed", lines)
+        self.assertIn('stage 06_tiled_cpu, all its tests: not implemented (region "recompute P and dS")', lines)
+        self.assertEqual(v["stages"]["06_forward"]["state"], "passed")
+        self.assertEqual(grade.check_expectation(v, {"06"}, FOLDERS),
+                         ["stage 06_forward: passed (expected not implemented)"])
+
+    def test_not_selected_and_not_built(self):
+        known = {"harness", "stage04", "stage05", "stage06", "stage06_forward", "tour"}
+        lines, v = self.summary([("stage05", "passed", "")], known)
+        self.assertIn("harness: not selected (not among the tests this run was asked for)", lines)
+        self.assertIn("stage 04_two_pass_online: not selected (not among the tests this run was asked for)", lines)
+        self.assertIn("stage 06_tiled_cpu, forward alone: not selected (not among the tests this run was asked for)", lines)
+        self.assertIn("stage 07_smem_cuda: not built here (no test program: GPU stages need a CUDA build)", lines)
+        self.assertIn("other tests: 0 passed; 1 not selected", lines)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
