@@ -71,7 +71,7 @@ int fa_set_option(const char* stage, const char* name, int64_t value);
 int fa_get_counter(const char* stage, const char* name, int64_t* value);
 /* The stage's options, one per line: "name<TAB>default<TAB>allowed values<TAB>help", e.g.
    "threads\t1\t1 to 1024, or 0 for the default (1)\tworker threads ..." or
-   "ablation\t0\t0 none, 1 no_pipeline, 2 no_swizzle\t...". "" for a stage without
+   "step\t0\t0 auto, 1 11a, 2 11b, 3 11c, 4 11d\t...". "" for a stage without
    options; NULL for an unknown stage (message from fa_last_error). The text stays valid
    until the calling thread calls this function again. */
 const char* fa_stage_options(const char* stage);

@@ -258,7 +258,7 @@ class TheRepository(unittest.TestCase):
                 self.assertNotIn("$", re.sub(r"<[^>]+>", "", text), "a '$' outside any formula")
 
     def test_every_note_passes(self):
-        r = subprocess.run([sys.executable, str(ROOT / "docs" / "notes.py"), "check", "--repo", str(ROOT)],
+        r = subprocess.run([sys.executable, str(ROOT / "docs" / "notes.py"), "check", "--strict", "--repo", str(ROOT)],
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
