@@ -132,12 +132,12 @@ def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, stage = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.mark_non_differentiable(lse)
     ctx.causal, ctx.scale, ctx.stage = causal, scale, stage
 
 
 def _backward_rule(ctx, grad_o, grad_lse):
-    # grad_lse is ignored: L is marked non-differentiable (the stages' backward takes dO only).
+    # grad_lse is ignored: the stages' backward takes dO only, and attention_with_lse() hands
+    # out L detached, so no gradient reaches it through the public API.
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = _backward(q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.stage)
     return dq, dk, dv, None, None, None
@@ -155,6 +155,7 @@ def attention(q, k, v, causal=False, scale=None, stage="08"):
 
 
 def attention_with_lse(q, k, v, causal=False, scale=None, stage="08"):
-    """As attention(), and also L (float32 [b, h, Nq], not differentiable)."""
-    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal),
-                    0.0 if scale is None else float(scale), stage)
+    """As attention(), and also L (float32 [b, h, Nq], detached: not differentiable)."""
+    o, lse = _forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal),
+                      0.0 if scale is None else float(scale), stage)
+    return o, lse.detach()
