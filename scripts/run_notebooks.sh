@@ -7,7 +7,7 @@
 #                                        (how the committed outputs are made)
 #   scripts/run_notebooks.sh [--inplace] notebooks/02_tiled_forward.ipynb ...   only these
 #
-# The notebooks load libfa_c.so through notebooks/fa.py: from $FA_LIB when it is set (CTest
+# The notebooks load libfa_c.so through notebooks/fa.py (the fa_attention package): from $FA_LIB when it is set (CTest
 # sets it to the library of its build), else from build/stages/libfa_c.so. Python packages:
 # notebooks/requirements.txt. $PYTHON overrides the interpreter.
 set -euo pipefail

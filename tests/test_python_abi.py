@@ -1,12 +1,16 @@
-"""The C ABI through the ctypes wrapper (notebooks/fa.py), checked against numpy."""
+"""The C ABI through the numpy API of the fa_attention package (python/), checked against numpy."""
 import ctypes
+import os
 import pathlib
 import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "notebooks"))
-import fa  # noqa: E402
+root = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(root / "python"))
+sys.path.insert(1, str(root / "notebooks"))
+import fa_attention as fa  # noqa: E402
+import fa as notebooks_fa  # noqa: E402
 
 failures = []
 
@@ -16,6 +20,27 @@ def check(cond, what):
     if not cond:
         failures.append(what)
 
+
+# The notebooks' fa.py is the package's numpy API, the same functions.
+check(notebooks_fa.forward is fa.forward and notebooks_fa.library is fa.library
+      and set(fa.__all__) <= set(dir(notebooks_fa)), "notebooks/fa.py re-exports fa_attention")
+
+# Where the library is looked for: $FA_LIB alone when set, else build/ and build-gpu/ of the
+# repository; a missing library is an error that names every place looked at.
+saved = os.environ.pop("FA_LIB", None)
+candidates = fa.library_candidates()
+check(candidates[:2] == [root / "build" / "stages" / "libfa_c.so", root / "build-gpu" / "stages" / "libfa_c.so"],
+      f"library looked for in build/, build-gpu/ first: {candidates[:2]}")
+os.environ["FA_LIB"] = "/nonexistent/libfa_c.so"
+try:
+    fa.core._default_path()
+    check(False, "a missing library is refused")
+except FileNotFoundError as e:
+    check("/nonexistent/libfa_c.so" in str(e) and "FA_LIB" in str(e), f"a missing library is refused: {e}")
+if saved is None:
+    del os.environ["FA_LIB"]
+else:
+    os.environ["FA_LIB"] = saved
 
 names = fa.stages()
 check(names[:5] == ["01_naive", "02_safe_softmax", "03_three_pass", "04_two_pass_online",

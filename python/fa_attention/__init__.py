@@ -1,0 +1,19 @@
+"""FlashAttention stages 01-12 from Python, over the C ABI of libfa_c.so (common/fa_c.h).
+
+Two APIs:
+
+- the numpy API (this module, from fa_attention.core): forward/backward of any stage on
+  float32 host arrays, stage options and counters, and a float64 numpy reference;
+
+      import fa_attention as fa
+      O, L = fa.forward("05", Q, K, V, causal=True)
+
+- the PyTorch API (fa_attention.torch_ops, imported on its own since it needs torch): a
+  torch.library custom op with autograd for CUDA tensors on the GPU stages and float32 CPU
+  tensors on any stage;
+
+      from fa_attention.torch_ops import attention
+      out = attention(q, k, v, causal=True, stage="08")
+"""
+from fa_attention.core import *  # noqa: F401,F403
+from fa_attention.core import __all__  # noqa: F401

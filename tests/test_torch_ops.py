@@ -1,0 +1,224 @@
+"""The PyTorch API (python/fa_attention/torch_ops.py) against torch's scaled_dot_product_attention.
+
+Forward and gradients on odd shapes (GQA, Nq != Nk, causal bottom-right), held to the rule of
+the FlashAttention tests: the error against a float64 reference is at most twice the error of
+torch's attention computed in the inputs' own dtype (plus a few ulps of the largest value).
+Also torch.library.opcheck, torch.compile(fullgraph=True), a side stream, and refusals.
+
+Runs as a script (CTest python_torch; exit 77 = skipped when torch is not installed) or under
+pytest (skipped likewise). Without a CUDA device the CPU cases run and the GPU cases are
+reported skipped. On a GPU machine: FA_LIB=build-gpu/stages/libfa_c.so python3 tests/test_torch_ops.py
+"""
+import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+import fa_attention as fa  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is None and "pytest" in sys.modules:
+    import pytest
+    pytest.skip("torch is not installed", allow_module_level=True)
+
+if torch is not None:
+    import torch.nn.functional as F
+
+    from fa_attention.torch_ops import attention, attention_with_lse
+
+    HAS_GPU = torch.cuda.is_available()
+
+
+def _skip_gpu():
+    if not HAS_GPU:
+        if "pytest" in sys.modules:
+            import pytest
+            pytest.skip("no CUDA device")
+        raise _Skipped("no CUDA device")
+
+
+class _Skipped(Exception):
+    pass
+
+
+def reference(q, k, v, causal, scale, dtype):
+    """torch's attention in `dtype` on the inputs (bottom-right causal, GQA by repeating kv
+    heads); returns O and the leaves, whose .grad the caller fills."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    mask = None
+    if causal:
+        nq, nk = q.shape[2], k.shape[2]
+        mask = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
+    o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale)
+    return o, (q, k, v)
+
+
+def same_precision_ok(ours, base, exact, what):
+    """|ours − exact| <= 2 |base − exact| + 4 ulp(max|exact|) in ours' dtype."""
+    err = (ours.double() - exact).abs().max().item()
+    base_err = (base.double() - exact).abs().max().item()
+    floor = 4 * torch.finfo(ours.dtype).eps * max(1.0, exact.abs().max().item())
+    ok = err <= 2 * base_err + floor
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: err {err:.2e}, same-precision torch {base_err:.2e}")
+    assert ok, f"{what}: err {err:.2e} > 2 x {base_err:.2e} + {floor:.1e}"
+
+
+def check_stage(stage, device, dtype, causal, shape=(2, 4, 2, 77, 93, 64)):
+    b, h, hkv, nq, nk, d = shape
+    g = torch.Generator(device="cpu").manual_seed(7)
+    q = torch.randn(b, h, nq, d, generator=g).to(device, dtype)
+    k = torch.randn(b, hkv, nk, d, generator=g).to(device, dtype)
+    v = torch.randn(b, hkv, nk, d, generator=g).to(device, dtype)
+    do = torch.randn(b, h, nq, d, generator=g).to(device, dtype)
+    scale = 0.9 / math.sqrt(d)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o = attention(qq, kk, vv, causal=causal, scale=scale, stage=stage)
+    exact, leaves64 = reference(q, k, v, causal, scale, torch.float64)
+    base, leaves = reference(q, k, v, causal, scale, dtype)
+    what = f"stage {stage} {device} {dtype} causal={causal} {shape}"
+    same_precision_ok(o, base, exact, f"{what}: O")
+    if not fa.has_backward(stage):
+        return
+    o.backward(do)
+    exact.backward(do.double())
+    base.backward(do)
+    for name, ours, b_, e in zip(("dQ", "dK", "dV"), (qq, kk, vv), leaves, leaves64):
+        same_precision_ok(ours.grad, b_.grad, e.grad, f"{what}: {name}")
+
+
+def test_cpu_stages():
+    for stage in [s for s in fa.stages() if not fa.is_gpu(s)]:
+        for causal in (False, True):
+            check_stage(stage, "cpu", torch.float32, causal, shape=(1, 4, 2, 19, 23, 32))
+
+
+def test_gpu_stages():
+    _skip_gpu()
+    ran = []
+    for stage in [s for s in fa.stages() if fa.is_gpu(s)]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            try:
+                attention(*(torch.zeros(1, 1, 1, 64, device="cuda", dtype=dtype),) * 3, stage=stage)
+            except fa.FaError as e:  # this stage does not run this dtype (or this GPU)
+                print(f"skip stage {stage} {dtype}: {e}")
+                continue
+            for causal in (False, True):
+                check_stage(stage, "cuda", dtype, causal)
+            ran.append((stage, dtype))
+    assert any(s.startswith("08") for s, _ in ran), f"stage 08 ran in no dtype: {ran}"
+
+
+def test_lse():
+    _skip_gpu()
+    q = torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.float16)
+    o, lse = attention_with_lse(q, q, q, stage="08")
+    exact = torch.logsumexp(q.double() @ q.double().transpose(-1, -2) / 8.0, dim=-1)
+    err = (lse.double() - exact).abs().max().item()
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 33) and err < 2e-2, err
+
+
+def test_opcheck():
+    _skip_gpu()
+    q = torch.randn(1, 4, 37, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    k = torch.randn(1, 2, 41, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    v = torch.randn(1, 2, 41, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    torch.library.opcheck(torch.ops.fa_attention.forward.default, (q, k, v, True, 0.0, "09"))
+    print("ok   opcheck fa_attention::forward")
+
+
+def test_compile():
+    _skip_gpu()
+    q = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def f(q, k):
+        return (attention(q * 2, k, k, causal=True, stage="09") + 1).sum()
+
+    eager = f(q, k)
+    eager.backward()
+    grads = q.grad.clone(), k.grad.clone()
+    q.grad = k.grad = None
+    compiled = torch.compile(f, fullgraph=True)(q, k)
+    compiled.backward()
+    # Stage 09 at d = 64 sums dQ with fp32 atomics: equal up to the order of those sums.
+    close = [torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(grads, (q.grad, k.grad))]
+    assert torch.allclose(eager, compiled, rtol=1e-2) and all(close), \
+        "torch.compile(fullgraph=True) differs from eager"
+    print("ok   torch.compile(fullgraph=True) forward and backward equal eager")
+
+
+def test_side_stream():
+    _skip_gpu()
+    q = torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.float16)
+    want = attention(q, q, q)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x = q * 1  # written on the side stream: a kernel on another stream would race it
+        got = attention(x, x, x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want), "attention on a side stream differs"
+    print("ok   side stream")
+
+
+def _refused(fn, says, what):
+    try:
+        fn()
+    except (RuntimeError, ValueError) as e:  # FaError is a RuntimeError
+        assert says in str(e), f"{what}: message '{e}' does not say '{says}'"
+        print(f"ok   {what} refused: {e}")
+        return
+    raise AssertionError(f"{what} was not refused")
+
+
+def test_refusals_cpu():
+    x = torch.zeros(1, 2, 4, 16)
+    _refused(lambda: attention(x.double(), x.double(), x.double(), stage="05"), "float64", "CPU float64")
+    _refused(lambda: attention(x, x[:, :1], x, stage="05"), "kv_heads", "k and v of different shapes")
+    _refused(lambda: attention(x[:, :1].expand(1, 3, 4, 16), x, x, stage="05"), "heads = 3",
+             "heads=3 over kv_heads=2")
+    _refused(lambda: attention(x, x, x, stage="99"), "is not a stage", "unknown stage")
+
+
+def test_refusals_gpu():
+    _skip_gpu()
+    x = torch.zeros(1, 2, 4, 64, device="cuda", dtype=torch.float16)
+    _refused(lambda: attention(x.double(), x.double(), x.double()), "float64", "CUDA float64")
+    xf = x.float()
+    _refused(lambda: attention(xf, xf, xf, stage="05"), "not a GPU stage", "CUDA tensors on a CPU stage")
+    y = torch.zeros(1, 2, 4, 65, device="cuda", dtype=torch.float16)
+    _refused(lambda: attention(y, y, y), "65", "head_dim 65 on stage 08")
+    _refused(lambda: attention(x, x.cpu(), x), "different devices", "mixed devices")
+    q = x.clone().requires_grad_()
+    _refused(lambda: attention(q, x, x, stage="08").sum().backward(), "has no GPU backward",
+             "gradients through stage 08 (forward only; stage 09 is its forward with a backward)")
+
+
+def main():
+    if torch is None:
+        print("skipped: torch is not installed (the GPU script runs these tests where it is)")
+        return 77
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    failed, skipped = [], []
+    for name, fn in tests:
+        try:
+            fn()
+        except _Skipped as e:
+            skipped.append(name)
+            print(f"skip {name}: {e}")
+        except Exception as e:  # noqa: BLE001 (report every test's failure, then fail)
+            failed.append(name)
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    print(f"{len(tests) - len(failed) - len(skipped)} passed, {len(skipped)} skipped, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
