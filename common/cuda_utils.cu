@@ -84,6 +84,42 @@ void require_grid_rows(const std::string& stage, const Problem& p) {
                                 " exceeds the grid's limit of 65535 (one grid row per head, one layer per batch)");
 }
 
+void attach_forward_and_backward(StageInfo& s, const std::string& stage, const std::vector<int>& head_dims,
+                                 ForwardDeviceFn forward, BackwardDeviceFn backward) {
+  const auto check = [stage, head_dims](const Problem& p) {
+    p.validate(stage);
+    if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end()) return;
+    std::string supported;
+    for (int d : head_dims) supported += (supported.empty() ? "" : ", ") + std::to_string(d);
+    throw std::invalid_argument(stage + ": head_dim = " + std::to_string(p.head_dim) +
+                                " is not supported (supported: " + supported + ")");
+  };
+  s.is_gpu = true;
+  s.dtypes = {Dtype::BF16, Dtype::F16};
+  s.head_dims = head_dims;
+  s.forward_device = [check, f = std::move(forward)](const Problem& p, Dtype t, const void* Q, const void* K,
+                                                     const void* V, void* O, float* L, void* stream) {
+    check(p);
+    f(p, t, Q, K, V, O, L, stream);
+  };
+  s.forward = [check, f = host_forward_via_device(s.forward_device)](const Problem& p, Dtype t, const float* Q,
+                                                                     const float* K, const float* V, float* O,
+                                                                     float* L) {
+    check(p);
+    f(p, t, Q, K, V, O, L);
+  };
+  s.backward_device = std::move(backward);
+  s.backward = [check, f = host_backward_via_device(s.backward_device)](
+                   const Problem& p, Dtype t, const float* Q, const float* K, const float* V, const float* O,
+                   const float* L, const float* dO, float* dQ, float* dK, float* dV) {
+    check(p);
+    f(p, t, Q, K, V, O, L, dO, dQ, dK, dV);
+  };
+  s.bench_forward = bench_forward_on_device(s.forward_device);
+  // The whole backward is timed: the preprocess, the main kernel, the dQ pass or conversion.
+  s.bench_backward = bench_backward_on_device(s.forward_device, s.backward_device);
+}
+
 void require_hopper(const std::string& stage) {
   require_gpu(stage);
   int device = 0, major = 0, minor = 0;

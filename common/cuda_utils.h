@@ -68,6 +68,14 @@ BenchFn bench_forward_on_device(ForwardDeviceFn fwd);
 /// Same for a backward (inputs O, L come from a forward run with `fwd`).
 BenchFn bench_backward_on_device(ForwardDeviceFn fwd, BackwardDeviceFn bwd);
 
+/// Fills in a GPU stage that adds a backward to an earlier stage's forward (09 on 08's, 11
+/// on 10's): is_gpu, the bf16/f16 dtypes, `head_dims`; the forward (`forward`, restricted to
+/// `head_dims`, so that every forward the stage accepts has a backward), the backward, their
+/// host-buffer adapters and benchmarks. A bad problem or another head dim is refused by name
+/// before the host adapters allocate anything. The caller sets name, idea, report, options.
+void attach_forward_and_backward(StageInfo& s, const std::string& stage, const std::vector<int>& head_dims,
+                                 ForwardDeviceFn forward, BackwardDeviceFn backward);
+
 /// The launch facts a stage prints: grid, block, dynamic shared memory, registers per
 /// thread (cudaFuncGetAttributes), and theoretical occupancy (the occupancy API), as
 /// "key: value" rows for the driver's table.
