@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(128, 1) bwd_11a(const __grid_constant__ BwdPar
   const BlockWork work = block_work<B_c, B_r, kCausal>(p);
 
   if (threadIdx.x == 0) {
-    sm.init_barriers(4);
+    sm.init_barriers(128);  // empty[s] is not used here: __syncthreads orders the refills
     sm.load_kv(p, work.key0, work.bkv);
     if (work.steps > 0) sm.load_step(p, 0, work.bh(0), work.tile(0));
   }

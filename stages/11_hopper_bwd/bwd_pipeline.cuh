@@ -5,7 +5,10 @@
 ///
 ///   kv_full        K_j and V_j landed (TMA, once per block)
 ///   full[s]        buffer s holds step n's Q_i, dO_i, L2_i, D_i (TMA + two bulk copies)
-///   empty[s]       every computing warp is done with buffer s (one arrival per warp)
+///   empty[s]       every computing thread is done with buffer s (one arrival per thread: each
+///                  thread's arrive follows its own reads of L2_i, D_i. One arrival per warp
+///                  after __syncwarp orders them too, but compute-sanitizer's racecheck does
+///                  not follow that chain and reports the refill as a race)
 /// Step n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1, as
 /// in stage 10's K/V ring (pipeline.cuh); here the stream is of query tiles, not keys.
 #pragma once
@@ -83,12 +86,12 @@ struct BwdShared {
   __device__ float* dd_stage(int s) const { return dd + s * B_r; }
 
   /// One thread: every barrier's arrival count, made visible to the copy engine.
-  /// `computing_warps` arrive on empty[s] once each per use.
-  __device__ void init_barriers(int computing_warps) const {
+  /// `computing_threads` arrive on empty[s] once each per use.
+  __device__ void init_barriers(int computing_threads) const {
     mbarrier_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], computing_warps);
+      mbarrier_init(&empty[s], computing_threads);
     }
     if (kStaging) {
       mbarrier_init(&dq_full[0], 128);

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
   const BlockWork work = block_work<B_c, B_r, kCausal>(p);
   const int warpgroup = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) sm.init_barriers(8);  // 8 consumer warps release each buffer
+  if (threadIdx.x == 0) sm.init_barriers(256);  // the 256 consumer threads release each buffer
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (warpgroup == 0) {  // ---- producer (warp 0) and dQ writer (warp 1) ----
@@ -156,10 +156,9 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
     fence_registers(dk);
     stage10::fence_fragments(p_frag);
     stage10::fence_fragments(ds_frag);
-    // Every lane has read L2_i, D_i (generic loads) before lane 0 releases the buffer: the
-    // warp-level barrier orders their reads before its arrive, and the refill after it.
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.empty[s]);  // this warp is done with buffer s
+    // Every consumer thread releases the buffer itself: its arrive (a release) comes after its
+    // own generic reads of L2_i, D_i, so the refill cannot overtake any of them.
+    mbarrier_arrive(&sm.empty[s]);  // this thread is done with buffer s
   }
   write_rows<d, Elem>(dv, 1.f, p.dV, work.bkv, key0, p.seq_k);
   write_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, key0, p.seq_k);
