@@ -1,7 +1,7 @@
-// Stage 12: the transport between virtual ranks on one GPU. A rank's exchange is one
-// device-to-device copy of its previous rank's buffer, on a stream of its own (`comm`), so it
-// runs while the rank's kernels run on the rank's stream: the same overlap as between GPUs,
-// with the GPU's copy engines standing in for the links.
+// Stage 12: the transport between virtual ranks on one GPU, and the choice of a ring's GPUs and
+// transport. A rank's exchange is one device-to-device copy of its previous rank's buffer, on a
+// stream of its own (`comm`), so it runs while the rank's kernels run on the rank's stream: the
+// same overlap as between GPUs, with the GPU's copy engines standing in for the links.
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -72,6 +72,28 @@ class DeviceRing final : public Ring {
 }  // namespace
 
 std::unique_ptr<Ring> make_device_ring(int ranks) { return std::make_unique<DeviceRing>(ranks); }
+
+std::vector<int> ring_devices(TransportKind t, int ranks) {
+  int current = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&current));
+  if (t == TransportKind::Device) return std::vector<int>(size_t(ranks), current);
+  if (!nccl_built())
+    throw std::invalid_argument("12_ring_attention_gpu: transport nccl is not built in (NCCL was not found when this "
+                                "tree was configured); use transport device");
+  int count = 0;
+  FA_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < ranks)
+    throw std::invalid_argument("12_ring_attention_gpu: transport nccl with ranks = " + std::to_string(ranks) +
+                                " needs " + std::to_string(ranks) + " GPUs (one per rank); this machine has " +
+                                std::to_string(count));
+  std::vector<int> devices(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) devices[size_t(r)] = r;
+  return devices;
+}
+
+std::unique_ptr<Ring> make_ring(TransportKind t, const std::vector<int>& devices) {
+  return t == TransportKind::Device ? make_device_ring(int(devices.size())) : make_nccl_ring(devices);
+}
 
 #ifndef FA_HAVE_NCCL
 bool nccl_built() { return false; }

@@ -1,7 +1,7 @@
 // Stage 12, the GPU ring: each rank keeps its shards in device memory and runs stage 08's
 // forward and stage 09's backward on its chunk pairs; this file adds what a rank needs around
 // them (the merge, fp32 sums, scatter and gather of slices) and the device-copy transport for
-// virtual ranks. The ring loop is ring_attention.cpp's; NCCL is nccl_transport.cpp.
+// virtual ranks. The ring loop is ring_attention.cpp's; NCCL is nccl_ring.cpp.
 //
 // Precision: a pair's O comes out of stage 08 in fp16/bf16 and is merged into an fp32 O; a
 // pair's gradients come out of stage 09 in fp16/bf16 and are summed in fp32 (dK, dV travel
@@ -75,6 +75,8 @@ __global__ void fill(float* x, float value, int64_t n) {
 // A grid for n elements: 256 threads a block, at most 4096 blocks (the loops stride over the rest).
 dim3 grid_for(int64_t n) { return dim3(unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 4096))); }
 
+}  // namespace
+
 // One rank of the GPU ring, on device `device`: its shards (ring_plan.h) in device memory.
 class GpuRank final : public Rank {
  public:
@@ -98,9 +100,6 @@ class GpuRank final : public Rank {
     O_part_ = buffer(q_chunk, es_, "O of a pair");  // also the staging of the rounded O, dQ
     if (!backward) {
       L_part_ = buffer(q_chunk / p_.head_dim, 4, "L of a pair");
-      fill<<<grid_for(q), 256, 0, stream_>>>(O_acc_.as<float>(), 0.0f, q);  // the merge's identity:
-      fill<<<grid_for(l), 256, 0, stream_>>>(L_.as<float>(), -INFINITY, l);  // O = 0, L = −∞
-      FA_CHECK_LAUNCH("12: fill");
       return;
     }
     O_ = buffer(q, es_, "O shard");
@@ -108,7 +107,6 @@ class GpuRank final : public Rank {
     for (auto& b : dkv_) b = buffer(kv, 4, "dK/dV (fp32) shard");
     dK_part_ = buffer(k_chunk, es_, "dK of a pair");
     dV_part_ = buffer(k_chunk, es_, "dV of a pair");
-    zero(O_acc_);  // the dQ sums (fp32)
   }
   ~GpuRank() override {
     cudaSetDevice(device_);
@@ -127,6 +125,10 @@ class GpuRank final : public Rank {
   void load_forward(const void* Q, const void* K, const void* V) {
     gather_queries(Q, Q_, row_bytes());
     load_keys(K, V);
+    const int64_t q = int64_t(O_acc_.bytes() / 4), l = int64_t(L_.bytes() / 4);
+    fill<<<grid_for(q), 256, 0, stream_>>>(O_acc_.as<float>(), 0.0f, q);  // the merge's identity:
+    fill<<<grid_for(l), 256, 0, stream_>>>(L_.as<float>(), -INFINITY, l);  // O = 0, L = −∞
+    FA_CHECK_LAUNCH("12: fill");
   }
   void load_backward(const void* Q, const void* K, const void* V, const void* O, const float* L, const void* dO) {
     gather_queries(Q, Q_, row_bytes());
@@ -134,6 +136,7 @@ class GpuRank final : public Rank {
     gather_queries(L, L_, sizeof(float));
     gather_queries(dO, dO_, row_bytes());
     load_keys(K, V);
+    zero(O_acc_);  // the dQ sums (fp32)
   }
   void store_forward(void* O, float* L) {
     store_rounded(O_acc_.as<float>(), O);
@@ -281,8 +284,6 @@ class GpuRank final : public Rank {
   DeviceBuffer O_part_, L_part_, dK_part_, dV_part_;  // one pair's results
 };
 
-}  // namespace
-
 const char* transport_name(TransportKind t) { return t == TransportKind::Device ? "device" : "nccl"; }
 
 const std::vector<int>& gpu_head_dims() {
@@ -319,71 +320,94 @@ void require_tensor(const char* name, const void* ptr, int64_t elems, size_t ali
                            alignment == 16 ? "the tensor-core stages load 16 bytes at a time" : "fp32");
 }
 
-// The GPU of each rank: the calling thread's for virtual ranks; GPU r for rank r with NCCL.
-std::vector<int> devices_for(const Plan& plan, const GpuConfig& c) {
-  int current = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&current));
-  if (c.transport == TransportKind::Device) return std::vector<int>(size_t(plan.ranks), current);
-  if (!nccl_built())
-    throw std::invalid_argument(std::string(kStage) + ": transport nccl is not built in (NCCL was not found when "
-                                "this tree was configured); use transport device");
-  int count = 0;
-  FA_CUDA_CHECK(cudaGetDeviceCount(&count));
-  if (count < plan.ranks)
-    throw std::invalid_argument(std::string(kStage) + ": transport nccl with ranks = " + std::to_string(plan.ranks) +
-                                " needs " + std::to_string(plan.ranks) + " GPUs (one per rank); this machine has " +
-                                std::to_string(count));
-  std::vector<int> devices(size_t(plan.ranks));
-  for (int r = 0; r < plan.ranks; ++r) devices[size_t(r)] = r;
-  return devices;
-}
-
-std::unique_ptr<Ring> make_ring(const GpuConfig& c, const std::vector<int>& devices) {
-  return c.transport == TransportKind::Device ? make_device_ring(int(devices.size())) : make_nccl_ring(devices);
-}
-
-// Every rank's buffers, allocated (and its slices scattered) before any thread starts.
-std::vector<std::unique_ptr<GpuRank>> make_ranks(const Plan& plan, Dtype t, const std::vector<int>& devices,
-                                                 int whole_device, bool backward) {
-  std::vector<std::unique_ptr<GpuRank>> ranks;
-  for (int r = 0; r < plan.ranks; ++r)
-    ranks.push_back(std::make_unique<GpuRank>(plan, r, t, devices[size_t(r)], whole_device, backward));
-  return ranks;
-}
-
 }  // namespace
+
+GpuRing::GpuRing(const Problem& p, const GpuConfig& c, Dtype t, Pass pass, std::shared_ptr<Ring> kv_ring,
+                 std::shared_ptr<Ring> dkv_ring)
+    : plan_(checked_plan(p, c, t)), dtype_(t), pass_(pass), devices_(ring_devices(c.transport, plan_.ranks)),
+      kv_ring_(std::move(kv_ring)), dkv_ring_(std::move(dkv_ring)), sums_(size_t(plan_.ranks), 0) {
+  const DeviceGuard guard;
+  whole_device_ = guard.device;
+  for (int r = 0; r < plan_.ranks; ++r)
+    ranks_.push_back(std::make_unique<GpuRank>(plan_, r, t, devices_[size_t(r)], whole_device_, pass == Pass::Backward));
+  if (!kv_ring_) kv_ring_ = make_ring(c.transport, devices_);
+  if (pass == Pass::Backward && !dkv_ring_) dkv_ring_ = make_ring(c.transport, devices_);
+}
+
+GpuRing::~GpuRing() {
+  const DeviceGuard guard;  // each rank frees its buffers on its own GPU
+  kv_ring_.reset();
+  dkv_ring_.reset();
+  ranks_.clear();
+}
+
+cudaStream_t GpuRing::stream(int rank) const { return static_cast<cudaStream_t>(ranks_[size_t(rank)]->stream()); }
+
+void GpuRing::run(const std::function<void(int rank)>& body, const std::function<void()>& abort) {
+  const DeviceGuard guard;
+  run_on_ranks(
+      plan_.ranks,
+      [&](int rank) {
+        FA_CUDA_CHECK(cudaSetDevice(devices_[size_t(rank)]));
+        body(rank);
+      },
+      [&] {
+        kv_ring_->abort();
+        if (dkv_ring_) dkv_ring_->abort();
+        if (abort) abort();
+      });
+}
+
+void GpuRing::load(int rank, const WholeTensors& x) {
+  GpuRank& r = *ranks_[size_t(rank)];
+  if (pass_ == Pass::Forward)
+    r.load_forward(x.Q, x.K, x.V);
+  else
+    r.load_backward(x.Q, x.K, x.V, x.O, x.L, x.dO);
+}
+
+void GpuRing::ring(int rank, Work* work, Transport* kv, Transport* dkv) {
+  GpuRank& r = *ranks_[size_t(rank)];
+  Transport& kv_ring = kv ? *kv : kv_endpoint(rank);
+  if (pass_ == Pass::Forward)
+    ring_forward(plan_, rank, r, kv_ring, work);
+  else
+    sums_[size_t(rank)] = ring_backward(plan_, rank, r, kv_ring, dkv ? *dkv : dkv_endpoint(rank), work);
+}
+
+void GpuRing::store(int rank, const WholeTensors& x) {
+  GpuRank& r = *ranks_[size_t(rank)];
+  if (pass_ == Pass::Forward)
+    r.store_forward(x.O, x.L);
+  else
+    r.store_backward(sums_[size_t(rank)], x.dQ, x.dK, x.dV);
+  r.synchronize();
+}
 
 void forward_gpu(const Problem& p, const GpuConfig& c, Dtype t, const void* Q, const void* K, const void* V, void* O,
                  float* L, cudaStream_t stream, Work* work) {
-  const Plan plan = checked_plan(p, c, t);
+  checked_plan(p, c, t);  // the problem and config are refused before the pointers
   require_tensor("Q", Q, p.q_elems(), 16);
   require_tensor("K", K, p.kv_elems(), 16);
   require_tensor("V", V, p.kv_elems(), 16);
   require_tensor("O", O, p.q_elems(), 16);
   require_tensor("L", L, p.l_elems(), 4);
-  const DeviceGuard guard;
-  const std::vector<int> devices = devices_for(plan, c);
+  GpuRing ring(p, c, t, GpuRing::Pass::Forward);
   FA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the caller's inputs are written
-  auto ranks = make_ranks(plan, t, devices, guard.device, false);
-  const std::unique_ptr<Ring> kv_ring = make_ring(c, devices);
-  if (work) *work = Work(plan.ranks);
-  run_on_ranks(
-      plan.ranks,
-      [&](int rank) {
-        GpuRank& r = *ranks[size_t(rank)];
-        FA_CUDA_CHECK(cudaSetDevice(devices[size_t(rank)]));
-        r.load_forward(Q, K, V);
-        ring_forward(plan, rank, r, kv_ring->endpoint(rank), work);
-        r.store_forward(O, L);
-        r.synchronize();
-      },
-      [&] { kv_ring->abort(); });
+  if (work) *work = Work(ring.ranks());
+  WholeTensors x;
+  x.Q = Q, x.K = K, x.V = V, x.O = O, x.L = L;
+  ring.run([&](int rank) {
+    ring.load(rank, x);
+    ring.ring(rank, work);
+    ring.store(rank, x);
+  });
 }
 
 void backward_gpu(const Problem& p, const GpuConfig& c, Dtype t, const void* Q, const void* K, const void* V,
                   const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream,
                   Work* work) {
-  const Plan plan = checked_plan(p, c, t);
+  checked_plan(p, c, t);
   for (const auto& [name, ptr, elems] : {std::tuple{"Q", Q, p.q_elems()}, {"K", K, p.kv_elems()},
                                          {"V", V, p.kv_elems()}, {"O", O, p.q_elems()}, {"dO", dO, p.q_elems()},
                                          {"dQ", static_cast<const void*>(dQ), p.q_elems()},
@@ -391,26 +415,17 @@ void backward_gpu(const Problem& p, const GpuConfig& c, Dtype t, const void* Q, 
                                          {"dV", static_cast<const void*>(dV), p.kv_elems()}})
     require_tensor(name, ptr, elems, 16);
   require_tensor("L", L, p.l_elems(), 4);
-  const DeviceGuard guard;
-  const std::vector<int> devices = devices_for(plan, c);
+  GpuRing ring(p, c, t, GpuRing::Pass::Backward);
   FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  auto ranks = make_ranks(plan, t, devices, guard.device, true);
-  const std::unique_ptr<Ring> kv_ring = make_ring(c, devices), dkv_ring = make_ring(c, devices);
-  if (work) *work = Work(plan.ranks);
-  run_on_ranks(
-      plan.ranks,
-      [&](int rank) {
-        GpuRank& r = *ranks[size_t(rank)];
-        FA_CUDA_CHECK(cudaSetDevice(devices[size_t(rank)]));
-        r.load_backward(Q, K, V, O, L, dO);
-        const int sums = ring_backward(plan, rank, r, kv_ring->endpoint(rank), dkv_ring->endpoint(rank), work);
-        r.store_backward(sums, dQ, dK, dV);
-        r.synchronize();
-      },
-      [&] {
-        kv_ring->abort();
-        dkv_ring->abort();
-      });
+  if (work) *work = Work(ring.ranks());
+  WholeTensors x;
+  x.Q = Q, x.K = K, x.V = V, x.O = const_cast<void*>(O), x.L = const_cast<float*>(L), x.dO = dO;
+  x.dQ = dQ, x.dK = dK, x.dV = dV;
+  ring.run([&](int rank) {
+    ring.load(rank, x);
+    ring.ring(rank, work);
+    ring.store(rank, x);
+  });
 }
 
 }  // namespace fa::stage12

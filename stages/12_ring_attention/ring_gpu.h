@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,9 +55,77 @@ void backward_gpu(const Problem& p, const GpuConfig& c, Dtype dtype, const void*
 
 /// The ring of virtual ranks on the current GPU: device copies on one stream per rank.
 std::unique_ptr<Ring> make_device_ring(int ranks);
-/// The ring over GPUs `devices` (rank r on devices[r]) by NCCL (nccl_transport.cpp). Throws
+/// The ring over GPUs `devices` (rank r on devices[r]) by NCCL (nccl_ring.cpp). Throws
 /// std::invalid_argument when NCCL is not built in.
 std::unique_ptr<Ring> make_nccl_ring(const std::vector<int>& devices);
+
+/// The GPU of each of `ranks` ranks: the calling thread's for Device; GPU r for rank r with
+/// Nccl. Throws std::invalid_argument when NCCL is not built in or there are fewer GPUs than ranks.
+std::vector<int> ring_devices(TransportKind t, int ranks);
+/// The ring `t` over `devices` (make_device_ring or make_nccl_ring).
+std::unique_ptr<Ring> make_ring(TransportKind t, const std::vector<int>& devices);
+
+/// The whole tensors of a call (device buffers on the calling thread's GPU, layouts of
+/// docs/design.md §3): what a GpuRing reads and writes. Only the forward's or the
+/// backward's fields are used.
+struct WholeTensors {
+  const void *Q = nullptr, *K = nullptr, *V = nullptr;  ///< forward and backward
+  void* O = nullptr;                                     ///< forward: written; backward: read
+  float* L = nullptr;                                    ///< forward: written; backward: read
+  const void* dO = nullptr;                              ///< backward
+  void *dQ = nullptr, *dK = nullptr, *dV = nullptr;      ///< backward: written
+};
+
+class GpuRank;  // one rank's device buffers and attention calls (ring_gpu.cu)
+
+/// The P ranks of one GPU ring and its transports, kept apart from a call: forward_gpu and
+/// backward_gpu make one per call, bench12 keeps one and runs its ring many times (as a
+/// training system keeps each rank's slices on its GPU from step to step).
+class GpuRing {
+ public:
+  enum class Pass { Forward, Backward };
+  /// Checks the problem, dtype, head dim and config as forward_gpu does (std::invalid_argument,
+  /// before anything is allocated), allocates every rank's buffers on its GPU, and makes the
+  /// transports, unless `kv_ring` (and for the backward `dkv_ring`) are given: rings of
+  /// make_ring for the same transport and ranks, which a caller may reuse across GpuRings.
+  GpuRing(const Problem& p, const GpuConfig& c, Dtype t, Pass pass, std::shared_ptr<Ring> kv_ring = nullptr,
+          std::shared_ptr<Ring> dkv_ring = nullptr);
+  ~GpuRing();
+  GpuRing(const GpuRing&) = delete;
+  GpuRing& operator=(const GpuRing&) = delete;
+
+  const Plan& plan() const { return plan_; }
+  int ranks() const { return plan_.ranks; }
+  int device(int rank) const { return devices_[size_t(rank)]; }
+  cudaStream_t stream(int rank) const;
+  Transport& kv_endpoint(int rank) { return kv_ring_->endpoint(rank); }
+  Transport& dkv_endpoint(int rank) { return dkv_ring_->endpoint(rank); }
+
+  /// Runs body(rank) for every rank on a thread of its own with the rank's GPU current;
+  /// if one fails, the transports are aborted (and `abort` called, for what else the ranks
+  /// may wait on) and the first failure is rethrown (run_on_ranks).
+  void run(const std::function<void(int rank)>& body, const std::function<void()>& abort = {});
+
+  // On rank `rank`'s thread, inside run():
+  /// Copies the rank's slices of the whole inputs to its GPU (Q, K, V; backward also O, L, dO)
+  /// and starts its accumulators (O = 0 and L = −∞, or dQ = 0). Queued on stream(rank).
+  void load(int rank, const WholeTensors& x);
+  /// Queues the rank's forward or backward ring on stream(rank) (ring_forward, ring_backward)
+  /// through its own endpoints, or through `kv` and `dkv` when given (bench12 wraps them).
+  void ring(int rank, Work* work, Transport* kv = nullptr, Transport* dkv = nullptr);
+  /// Copies the rank's results into the whole outputs (O, L; or dQ, dK, dV) and waits for them.
+  void store(int rank, const WholeTensors& x);
+
+ private:
+  Plan plan_;
+  Dtype dtype_;
+  Pass pass_;
+  int whole_device_ = 0;  // the GPU of the whole tensors: the constructing thread's
+  std::vector<int> devices_;
+  std::vector<std::unique_ptr<GpuRank>> ranks_;
+  std::shared_ptr<Ring> kv_ring_, dkv_ring_;
+  std::vector<int> sums_;  // [rank] the dkv buffer that ring_backward left the shard's sums in
+};
 
 /// The GPU ring for the driver, the tests and the C ABI ("12_ring_attention_gpu"). Options
 /// --ranks, --split, --transport (set_option "ranks", "split", "transport"); the counters of
