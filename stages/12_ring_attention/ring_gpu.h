@@ -95,6 +95,7 @@ class GpuRing {
   GpuRing& operator=(const GpuRing&) = delete;
 
   const Plan& plan() const { return plan_; }
+  Pass pass() const { return pass_; }
   int ranks() const { return plan_.ranks; }
   int device(int rank) const { return devices_[size_t(rank)]; }
   cudaStream_t stream(int rank) const;
