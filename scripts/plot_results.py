@@ -15,6 +15,8 @@ Figures:
                      steps) are drawn grey.
   roofline.svg       every stage and backend at its compulsory intensity, one legend entry
                      each, variants grey, the roofs from the anchors' ceilings.
+  stage12_scaling.svg  stage 12's ring over P GPUs (stage12_scaling.csv, once it exists): the
+                     fraction of the ideal 1/P and the communication the overlap hides.
 
 Run it after changing h200_bench_gpu.csv, h200_stageNN.csv or h200_anchors.csv: docs/gen_pages.py refuses figures drawn from other data (each SVG carries
 a digest of its inputs). Needs matplotlib (notebooks/requirements.txt); notebook 4 imports
@@ -202,6 +204,44 @@ def roofline_figure(points, ceilings):
     return fig
 
 
+def scaling_figure(rows):
+    """Stage 12 (bench12's rows): per mask, the fraction of the ideal 1/P of forward+backward
+    against P for every N (strong scaling; solid zigzag, dashed plain), and the share of the
+    exchanges' time the overlap hides."""
+    import stage12_tables as st  # noqa: E402  (beside this script)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    ranks = sorted({k[2] for k in rows})
+    lengths = sorted({k[0] for k in rows})
+    colors = {N: PALETTE[k % len(PALETTE)] for k, N in enumerate(lengths)}
+    for i, causal in enumerate((False, True)):
+        for N in lengths:
+            for split, ls in (("zigzag", "-"), ("plain", "--")):
+                eff = [(P, st.of_ideal(rows, N, causal, P, split, ("fwd", "bwd"))) for P in ranks]
+                eff = [(P, e) for P, e in eff if e is not None]
+                hid = [(P, st.hidden(rows.get((N, causal, P, split, "fwd")))) for P in ranks if P > 1]
+                hid = [(P, h) for P, h in hid if h is not None]
+                label = f"N = {N // 1024}k, {split}"
+                if eff:
+                    axes[i, 0].plot(*zip(*eff), color=colors[N], ls=ls, marker="o", ms=4, label=label)
+                if hid:
+                    axes[i, 1].plot(*zip(*hid), color=colors[N], ls=ls, marker="o", ms=4, label=label)
+        mask = "causal" if causal else "no mask"
+        axes[i, 0].set(ylabel="t₁ / (P·t_P)", ylim=(0, 1.1), title=f"fraction of ideal 1/P, fwd+bwd, {mask}")
+        axes[i, 1].set(ylabel="hidden share", ylim=(0, 1.1), title=f"communication hidden by overlap, fwd, {mask}")
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(P) for P in ranks])
+        ax.minorticks_off()
+    for ax in axes[1]:
+        ax.set_xlabel("P (GPUs)")
+    axes[0, 0].legend(fontsize=7.5, frameon=False)
+    first = next(iter(rows.values()))
+    fig.suptitle(f"Stage 12, ring attention: {first['device']} × {first['gpus']}, {first['dtype']}, "
+                 f"d = {first['head_dim']}, {first['heads']} heads", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def all_points():
     return rd.stage_points() + rd.anchor_points()
 
@@ -229,6 +269,10 @@ def main() -> int:
     figures = {f"speed_{t}": speed_figure(stages, t, ceilings)
                for t in sorted({p.dtype for p in stages if p.what in rd.BACKENDS})}
     figures["roofline"] = roofline_figure(all_points(), ceilings)
+    import stage12_tables  # noqa: E402  (beside this script)
+    scaling = stage12_tables.load(rd.RESULTS / rd.SCALING)
+    if scaling:  # drawn once bench12's rows are committed
+        figures["stage12_scaling"] = scaling_figure(scaling)
     for p in rd.above_roof(all_points(), ceilings):
         print(f"plot_results: {p.file}: {p.what} {p.direction} {p.dtype} d={p.d} N={p.N} at "
               f"{p.tflops:g} TFLOP/s is above its roof: is a ceiling of {rd.ANCHORS} low?", file=sys.stderr)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 ANCHORS = "h200_anchors.csv"
+SCALING = "stage12_scaling.csv"  # bench12's rows (scripts/gpu_stage12_scaling.sh), once measured
 
 
 def stage_files(results: Path = RESULTS):
@@ -223,7 +224,9 @@ def inputs_digest(results: Path = RESULTS):
     """A digest of the files the figures are drawn from: plot_results.py writes it into each
     SVG, and gen_pages.py refuses figures drawn from other data."""
     h = hashlib.sha256()
-    for name in stage_files(results) + [ANCHORS]:
+    # Stage 12's scaling rows count once they exist (the figures drawn before them stay valid).
+    scaling = [SCALING] if (results / SCALING).exists() else []
+    for name in stage_files(results) + [ANCHORS] + scaling:
         path = results / name
         h.update(name.encode())
         h.update(path.read_bytes() if path.exists() else b"")

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Stage 12's scaling tables (Markdown) from bench12's CSV (scripts/gpu_stage12_scaling.sh):
+strong scaling (fixed N, P = 1, 2, 4, 8) and weak scaling (fixed N/P) of the plain and zigzag
+rings, forward and forward+backward, with the fraction of the ideal 1/P and the share of the
+communication that the overlap hides.
+
+  python3 scripts/stage12_tables.py docs/results/stage12_scaling.csv
+
+Definitions (stage 12's notes, "Measuring the ring"), per (N, mask, P, split, pass):
+  of ideal   t_1 / (P · t_P), with t_1 the P = 1 time of the same N and mask
+  hidden     1 − (t_overlap − t_compute) / (t_serial − t_compute)
+A CSV that does not exist yet prints one line saying so (the notes' block stays valid).
+Standard library only; scripts/plot_results.py draws the figure from the same rows.
+"""
+import csv
+import sys
+from pathlib import Path
+
+
+def load(path):
+    """{(N, causal, P, split, pass): row} with floats for the times; {} when there is no file."""
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    out = {}
+    with p.open(newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r.get("what") != "12_ring_attention_gpu" or not r.get("ms"):
+                continue
+            num = lambda k: float(r[k]) if r.get(k) else None  # noqa: E731
+            key = (int(r["seq_q"]), r["causal"] == "1", int(r["ranks"]), r["split"], r["pass"])
+            out[key] = dict(r, ms=num("ms"), ms_serial=num("ms_serial"), ms_compute=num("ms_compute"))
+    return out
+
+
+def step_ms(rows, N, causal, P, split, passes):
+    """The summed time of `passes` ("fwd", or "fwd" and "bwd"); P = 1 has one split."""
+    total = 0.0
+    for ps in passes:
+        r = rows.get((N, causal, P, split, ps)) or (P == 1 and next(
+            (v for k, v in rows.items() if k[:3] == (N, causal, 1) and k[4] == ps), None))
+        if not r:
+            return None
+        total += r["ms"]
+    return total
+
+
+def of_ideal(rows, N, causal, P, split, passes):
+    t1, tp = step_ms(rows, N, causal, 1, split, passes), step_ms(rows, N, causal, P, split, passes)
+    return t1 / (P * tp) if t1 and tp else None
+
+
+def hidden(row):
+    """The share of the exchanges' time that the overlap hides, or None (P = 1, no exchange)."""
+    if not row or row["ms_serial"] is None or row["ms_compute"] is None:
+        return None
+    comm = row["ms_serial"] - row["ms_compute"]
+    if comm <= 0:
+        return None
+    return 1.0 - max(0.0, row["ms"] - row["ms_compute"]) / comm
+
+
+def pct(x):
+    return "—" if x is None else f"{100 * x:.0f} %"
+
+
+def ms(x):
+    return "—" if x is None else (f"{x:.1f}" if x < 100 else f"{x:.0f}")
+
+
+def tables(rows):
+    first = next(iter(rows.values()))
+    lines = [f"{first['device']} × {first['gpus']}, {first['dtype']}, d = {first['head_dim']}, "
+             f"batch {first['batch']}, {first['heads']} heads, {first['transport']} transport "
+             f"(`docs/results/stage12_scaling.csv`). Times per step in ms; *of ideal* = "
+             "t₁ / (P·t_P) of forward+backward; *hidden* = the share of the exchanges' time the "
+             "overlap hides (forward / backward).", ""]
+    keys = sorted({(k[0], k[1], k[2], k[3]) for k in rows if k[2] > 1})
+    lines += ["Strong scaling (fixed N):", "",
+              "| N | causal | P | split | fwd | fwd+bwd | of ideal | hidden |", "|--:|:--|--:|:--|--:|--:|--:|:--|"]
+    for N in sorted({k[0] for k in rows}):
+        for causal in (False, True):
+            t1 = step_ms(rows, N, causal, 1, "", ("fwd",))
+            if t1 is not None:
+                lines.append(f"| {N // 1024}k | {'yes' if causal else 'no'} | 1 | — | {ms(t1)} | "
+                             f"{ms(step_ms(rows, N, causal, 1, '', ('fwd', 'bwd')))} | 100 % | — |")
+            for (n, c, P, split) in keys:
+                if (n, c) != (N, causal):
+                    continue
+                h = f"{pct(hidden(rows.get((N, causal, P, split, 'fwd'))))} / " \
+                    f"{pct(hidden(rows.get((N, causal, P, split, 'bwd'))))}"
+                lines.append(f"| {N // 1024}k | {'yes' if causal else 'no'} | {P} | {split} | "
+                             f"{ms(step_ms(rows, N, causal, P, split, ('fwd',)))} | "
+                             f"{ms(step_ms(rows, N, causal, P, split, ('fwd', 'bwd')))} | "
+                             f"{pct(of_ideal(rows, N, causal, P, split, ('fwd', 'bwd')))} | {h} |")
+    ranks = sorted({k[2] for k in rows})
+    lines += ["", "Weak scaling (fixed tokens per GPU; N = P · N/P), forward+backward ms (of ideal):", "",
+              "| N/P | causal | split | " + " | ".join(f"P = {P}" for P in ranks) + " |",
+              "|--:|:--|:--|" + "--:|" * len(ranks)]
+    for n in sorted({k[0] // k[2] for k in rows}):
+        for causal in (False, True):
+            for split in ("plain", "zigzag"):
+                cells = []
+                for P in ranks:
+                    t = step_ms(rows, n * P, causal, P, split, ("fwd", "bwd"))
+                    e = of_ideal(rows, n * P, causal, P, split, ("fwd", "bwd"))
+                    cells.append("—" if t is None else f"{ms(t)}" + ("" if P == 1 else f" ({pct(e)})"))
+                if any(c != "—" for c in cells[1:]):
+                    lines.append(f"| {n // 1024}k | {'yes' if causal else 'no'} | {split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(path):
+    rows = load(path)
+    if not rows:
+        print("Not measured yet: `scripts/gpu_stage12_scaling.sh OUT` on a machine with several GPUs writes "
+              "`OUT/stage12_scaling.csv`; committed as `docs/results/stage12_scaling.csv`, it fills this table.")
+        return 0
+    print(tables(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "docs/results/stage12_scaling.csv"))
