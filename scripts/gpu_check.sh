@@ -11,7 +11,8 @@
 #   FA_COMMIT          commit named in the CSV rows (default: git rev-parse, else "unknown")
 #   FA_BUDGET_S        seconds for the whole script (default 510: it must end within 9 minutes)
 #   FA_BENCH_ARGS      extra arguments for scripts/bench_gpu.py (e.g. "--quick --stages 07")
-#   FA_SKIP_SANITIZER=1, FA_SKIP_BENCH=1   leave a step out
+#   FA_SKIP_CTEST=1, FA_SKIP_SANITIZER=1, FA_SKIP_BENCH=1   leave a step out
+#   FA_SANITIZE        space-separated test programs to sanitize (default: every GPU test program)
 # OUT holds at most 8 files (what the device tool brings back): build.log, ctest.log,
 # ctest_junit.xml, sanitizer.log, bench.log, bench_gpu.csv, summary.txt. The CSV is meant to
 # be committed as docs/results/h200_bench_gpu.csv (device, commit and date are in each row).
@@ -79,9 +80,13 @@ note "ctest (all tests; FA_TEST_LARGE=1 adds the > 2^31-element case)"
 t0=$SECONDS
 cap=$(share 40 120)
 set +e
-FA_TEST_LARGE=1 timeout -k 10 "$cap" ctest --test-dir "$BUILD" --output-on-failure \
-  -j "$JOBS" --timeout "$cap" --output-junit "$OUT/ctest_junit.xml" >"$OUT/ctest.log" 2>&1
-rc=$?
+if [[ ${FA_SKIP_CTEST:-0} == 1 ]]; then
+  echo "ctest skipped (FA_SKIP_CTEST=1)" >"$OUT/ctest.log"; rc=0
+else
+  FA_TEST_LARGE=1 timeout -k 10 "$cap" ctest --test-dir "$BUILD" --output-on-failure \
+    -j "$JOBS" --timeout "$cap" --output-junit "$OUT/ctest_junit.xml" >"$OUT/ctest.log" 2>&1
+  rc=$?
+fi
 set -e
 ctest_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1 || true)
 if ((rc == 0)); then record ctest "ok: $ctest_line" $((SECONDS - t0))
@@ -103,6 +108,12 @@ done
 # and reports itself skipped on one GPU.
 [[ -x $BUILD/tests/test_stage12_gpu ]] && gpu_tests+=("$BUILD/tests/test_stage12_gpu")
 # ---- end of stage 12 -------------------------------------------------------------------
+# FA_SANITIZE="test_stage11 test_stage12_gpu": only these programs (a re-check after a change).
+if [[ -n ${FA_SANITIZE:-} ]]; then
+  chosen=()
+  for prog in "${gpu_tests[@]}"; do [[ " $FA_SANITIZE " == *" $(basename "$prog") "* ]] && chosen+=("$prog"); done
+  gpu_tests=(${chosen[@]+"${chosen[@]}"})
+fi
 : >"$OUT/sanitizer.log"
 sanitizer_rows=()
 if [[ ${FA_SKIP_SANITIZER:-0} == 1 ]]; then
@@ -118,10 +129,15 @@ else
   tmp=$(mktemp -d)
   # One job: a program (or one of its test cases, by doctest's 1-based --first/--last index)
   # under one tool; log and exit code land in $tmp/<job name>.{log,rc}.
+  # With several GPUs the jobs take them in turn (CUDA_VISIBLE_DEVICES), one GPU each.
+  gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  ((gpu_count >= 1)) || gpu_count=1
+  launched=0
   sanitize() {  # prog tool job-name [test-case index]
-    local extra=()
+    local extra=() device=$((launched % gpu_count))
     [[ -n ${4:-} ]] && extra=(--first="$4" --last="$4")
     (set +e
+     [[ $gpu_count -gt 1 ]] && export CUDA_VISIBLE_DEVICES=$device
      FA_TEST_SMALL=1 timeout -k 10 "$cap" compute-sanitizer --tool "$2" \
        --error-exitcode 86 --print-limit 20 "$1" ${extra[@]+"${extra[@]}"} >"$tmp/$3.log" 2>&1
      echo $? >"$tmp/$3.rc")
@@ -130,7 +146,7 @@ else
   # 09's tests take minutes under it), so it runs one process per test case; all jobs share
   # a pool of one per CPU core, the long whole-program jobs started first.
   slots=$JOBS
-  ((slots > 16)) && slots=16
+  ((slots > 16 * gpu_count)) && slots=$((16 * gpu_count))
   declare -A pieces=()
   jobs_list=()
   for prog in "${gpu_tests[@]}"; do
@@ -155,12 +171,14 @@ else
     IFS='|' read -r prog tool name index <<<"$job"
     while (($(jobs -rp | wc -l) >= slots)); do wait -n || true; done
     sanitize "$prog" "$tool" "$name" "$index" &
+    launched=$((launched + 1))
   done
   wait || true
   sane=1
   # (a log cut short by a timeout has no summary line: grep finds nothing, the sum is 0 and
   # the verdict above already says TIMED OUT)
-  sum_of() { local pattern=$1; shift; { grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null || true; } | grep -Eo "[0-9]+$" | awk '{s += $1} END {print s + 0}'; }
+  # (every grep may find nothing: under pipefail, a grep without a match must not end the script)
+  sum_of() { local pattern=$1; shift; { grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null || true; } | { grep -Eo "[0-9]+$" || true; } | awk '{s += $1} END {print s + 0}'; }
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     tools=(memcheck racecheck initcheck)
@@ -187,7 +205,7 @@ else
         esac
         {
           echo "################ $(basename "$log") ($tool): rc $rc"
-          head -c 300000 "$log.log"
+          head -c 300000 "$log.log" 2>/dev/null || echo "(no log)"
           echo
         } >>"$OUT/sanitizer.log"
       done
