@@ -86,6 +86,10 @@ def available_backends(names, device):
         try:
             from fa_attention import core
             from fa_attention.torch_ops import attention
+            built = [s for s in core.stages() if s.startswith(stage)]
+            if not built:
+                raise RuntimeError(f"stage {stage} is not in {core.library()._name} "
+                                   f"(it has: {', '.join(core.stages())})")
             if core.is_gpu(stage) != (device.type == "cuda"):
                 where = "a GPU" if core.is_gpu(stage) else "the CPU"
                 raise RuntimeError(f"stage {stage} runs on {where}, this run on {device}")
