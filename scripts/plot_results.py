@@ -206,8 +206,8 @@ def roofline_figure(points, ceilings):
 
 def scaling_figure(rows):
     """Stage 12 (bench12's rows): per mask, the fraction of the ideal 1/P of forward+backward
-    against P for every N (strong scaling; solid zigzag, dashed plain), and the share of the
-    exchanges' time the overlap hides."""
+    against P for every N (strong scaling; solid zigzag, dashed plain), and what the
+    exchanges add to the forward's arithmetic, serialised (open markers) and overlapped."""
     import stage12_tables as st  # noqa: E402  (beside this script)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     ranks = sorted({k[2] for k in rows})
@@ -218,16 +218,21 @@ def scaling_figure(rows):
             for split, ls in (("zigzag", "-"), ("plain", "--")):
                 eff = [(P, st.of_ideal(rows, N, causal, P, split, ("fwd", "bwd"))) for P in ranks]
                 eff = [(P, e) for P, e in eff if e is not None]
-                hid = [(P, st.hidden(rows.get((N, causal, P, split, "fwd")))) for P in ranks if P > 1]
-                hid = [(P, h) for P, h in hid if h is not None]
+                cost = {mode: [(P, st.exchange_cost(rows.get((N, causal, P, split, "fwd")), mode)) for P in ranks
+                               if P > 1] for mode in ("ms_serial", "ms")}
+                cost = {mode: [(P, 100 * c) for P, c in pts if c is not None] for mode, pts in cost.items()}
                 label = f"N = {N // 1024}k, {split}"
                 if eff:
                     axes[i, 0].plot(*zip(*eff), color=colors[N], ls=ls, marker="o", ms=4, label=label)
-                if hid:
-                    axes[i, 1].plot(*zip(*hid), color=colors[N], ls=ls, marker="o", ms=4, label=label)
+                if cost["ms_serial"]:
+                    axes[i, 1].plot(*zip(*cost["ms_serial"]), color=colors[N], ls="none", marker="o", ms=5,
+                                    mfc="none")
+                if cost["ms"]:
+                    axes[i, 1].plot(*zip(*cost["ms"]), color=colors[N], ls=ls, marker="o", ms=4, label=label)
         mask = "causal" if causal else "no mask"
         axes[i, 0].set(ylabel="t₁ / (P·t_P)", ylim=(0, 1.1), title=f"fraction of ideal 1/P, fwd+bwd, {mask}")
-        axes[i, 1].set(ylabel="hidden share", ylim=(0, 1.1), title=f"communication hidden by overlap, fwd, {mask}")
+        axes[i, 1].axhline(0, color="0.6", lw=0.8)
+        axes[i, 1].set(ylabel="% of t_compute", title=f"exchanges' cost, fwd, {mask} (open: serialised)")
     for ax in axes.flat:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks, [str(P) for P in ranks])

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Stage 12's scaling tables (Markdown) from bench12's CSV (scripts/gpu_stage12_scaling.sh):
 strong scaling (fixed N, P = 1, 2, 4, 8) and weak scaling (fixed N/P) of the plain and zigzag
-rings, forward and forward+backward, with the fraction of the ideal 1/P and the share of the
-communication that the overlap hides.
+rings, forward and forward+backward, with the fraction of the ideal 1/P and what the
+exchanges cost, serialised and overlapped.
 
   python3 scripts/stage12_tables.py docs/results/stage12_scaling.csv
 
 Definitions (stage 12's notes, "Measuring the ring"), per (N, mask, P, split, pass):
   of ideal   t_1 / (P · t_P), with t_1 the P = 1 time of the same N and mask
-  hidden     1 − (t_overlap − t_compute) / (t_serial − t_compute)
+  exchanges  (t_serial − t_compute) / t_compute  and  (t_overlap − t_compute) / t_compute: the
+             exchanges' cost, serialised and overlapped, as a share of the arithmetic alone
+             (both can come out slightly negative: the run-to-run noise of the three times)
 A CSV that does not exist yet prints one line saying so (the notes' block stays valid).
 Standard library only; scripts/plot_results.py draws the figure from the same rows.
 """
@@ -50,14 +52,20 @@ def of_ideal(rows, N, causal, P, split, passes):
     return t1 / (P * tp) if t1 and tp else None
 
 
-def hidden(row):
-    """The share of the exchanges' time that the overlap hides, or None (P = 1, no exchange)."""
-    if not row or row["ms_serial"] is None or row["ms_compute"] is None:
+def exchange_cost(row, mode):
+    """(t_mode − t_compute) / t_compute for mode "ms_serial" or "ms" (overlapped), or None
+    (P = 1: no exchange)."""
+    if not row or row.get(mode) is None or row["ms_compute"] is None or row["ms_compute"] <= 0:
         return None
-    comm = row["ms_serial"] - row["ms_compute"]
-    if comm <= 0:
-        return None
-    return 1.0 - max(0.0, row["ms"] - row["ms_compute"]) / comm
+    return (row[mode] - row["ms_compute"]) / row["ms_compute"]
+
+
+def exchanges(row):
+    """'serial → overlapped' as signed percentages, or '—'."""
+    serial, overlapped = exchange_cost(row, "ms_serial"), exchange_cost(row, "ms")
+    if serial is None or overlapped is None:
+        return "—"
+    return f"{100 * serial:+.1f} % → {100 * overlapped:+.1f} %"
 
 
 def pct(x):
@@ -73,22 +81,23 @@ def tables(rows):
     lines = [f"{first['device']} × {first['gpus']}, {first['dtype']}, d = {first['head_dim']}, "
              f"batch {first['batch']}, {first['heads']} heads, {first['transport']} transport "
              f"(`docs/results/stage12_scaling.csv`). Times per step in ms; *of ideal* = "
-             "t₁ / (P·t_P) of forward+backward; *hidden* = the share of the exchanges' time the "
-             "overlap hides (forward / backward).", ""]
+             "t₁ / (P·t_P) of forward+backward; *exchanges* = what the exchanges add to the "
+             "arithmetic alone, serialised → overlapped, as a share of it (t_compute).", ""]
     keys = sorted({(k[0], k[1], k[2], k[3]) for k in rows if k[2] > 1})
     lines += ["Strong scaling (fixed N):", "",
-              "| N | causal | P | split | fwd | fwd+bwd | of ideal | hidden |", "|--:|:--|--:|:--|--:|--:|--:|:--|"]
+              "| N | causal | P | split | fwd | fwd+bwd | of ideal | exchanges, fwd | exchanges, bwd |",
+              "|--:|:--|--:|:--|--:|--:|--:|:--|:--|"]
     for N in sorted({k[0] for k in rows}):
         for causal in (False, True):
             t1 = step_ms(rows, N, causal, 1, "", ("fwd",))
             if t1 is not None:
                 lines.append(f"| {N // 1024}k | {'yes' if causal else 'no'} | 1 | — | {ms(t1)} | "
-                             f"{ms(step_ms(rows, N, causal, 1, '', ('fwd', 'bwd')))} | 100 % | — |")
+                             f"{ms(step_ms(rows, N, causal, 1, '', ('fwd', 'bwd')))} | 100 % | — | — |")
             for (n, c, P, split) in keys:
                 if (n, c) != (N, causal):
                     continue
-                h = f"{pct(hidden(rows.get((N, causal, P, split, 'fwd'))))} / " \
-                    f"{pct(hidden(rows.get((N, causal, P, split, 'bwd'))))}"
+                h = f"{exchanges(rows.get((N, causal, P, split, 'fwd')))} | " \
+                    f"{exchanges(rows.get((N, causal, P, split, 'bwd')))}"
                 lines.append(f"| {N // 1024}k | {'yes' if causal else 'no'} | {P} | {split} | "
                              f"{ms(step_ms(rows, N, causal, P, split, ('fwd',)))} | "
                              f"{ms(step_ms(rows, N, causal, P, split, ('fwd', 'bwd')))} | "
