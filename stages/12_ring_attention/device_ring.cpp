@@ -25,6 +25,7 @@ class DeviceTransport final : public Transport {
     FA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   }
   ~DeviceTransport() override {
+    cudaStreamSynchronize(comm_);  // a copy still queued (the ring stopped early) ends first
     cudaEventDestroy(ready_);
     cudaStreamDestroy(comm_);
   }

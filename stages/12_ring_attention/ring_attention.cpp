@@ -127,7 +127,13 @@ void run_on_ranks(int ranks, const std::function<void(int rank)>& body, const st
   };
   std::vector<std::thread> threads;
   threads.reserve(size_t(ranks));
-  for (int rank = 1; rank < ranks; ++rank) threads.emplace_back(run, rank);
+  try {
+    for (int rank = 1; rank < ranks; ++rank) threads.emplace_back(run, rank);
+  } catch (...) {  // no thread for a rank: stop the ranks that started, then report it
+    abort();
+    for (auto& t : threads) t.join();
+    throw;
+  }
   run(0);  // rank 0 runs on the calling thread
   for (auto& t : threads) t.join();
   if (failure) std::rethrow_exception(failure);

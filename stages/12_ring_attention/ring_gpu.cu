@@ -109,7 +109,10 @@ class GpuRank final : public Rank {
     dV_part_ = buffer(k_chunk, es_, "dV of a pair");
   }
   ~GpuRank() override {
+    // The rank's queued work ends before its buffers are freed (after this body), also when
+    // the ring stopped early on an error (errors ignored: a destructor must not throw).
     cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
   GpuRank(const GpuRank&) = delete;
