@@ -32,6 +32,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+MAX_ROWS_SHOWN = 600  # rows of one CSV printed on the results page (the rest stay in the file)
+
 SOURCE_EXTS = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 # The title line of a stage's notes, in the plain-Markdown form (docs/notes.py) or, for notes
 # not yet converted, Doxygen's.
@@ -303,7 +305,10 @@ def results_page(tables, repo: Path, rd) -> str:
             out += ["(empty)", ""]
             continue
         constant = [c for c in ("device", "commit", "date") if len({r.get(c) for r in rows}) == 1]
-        out += folded(f"{path.name}: {len(rows)} rows", csv_table(rows, skip=constant))
+        # A per-step log (thousands of rows) would make the page heavy: its first rows only.
+        shown = rows[:MAX_ROWS_SHOWN]
+        more = ["", f"(the first {len(shown)} of {len(rows)} rows; the rest are in the file)"] if len(shown) < len(rows) else []
+        out += folded(f"{path.name}: {len(rows)} rows", csv_table(shown, skip=constant) + more)
     return "\n".join(out)
 
 
