@@ -147,27 +147,33 @@ else
   # a pool of one per CPU core, the long whole-program jobs started first.
   slots=$JOBS
   ((slots > 16 * gpu_count)) && slots=$((16 * gpu_count))
-  declare -A pieces=()
+  # The tools a program runs one test case per process; the others of memcheck and initcheck
+  # run it whole. Stages 10 and 11 run every tool per case (their matrices cover several
+  # kernels in two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
+  # Stage 12's ring (threads, streams, a memory pool): its whole program under initcheck failed
+  # with an illegal address while ~80 other sanitizer jobs shared the GPU, and passed alone;
+  # one test case per process keeps each job short.
+  per_case_tools() {
+    case $1 in
+      test_stage10|test_stage11) echo memcheck racecheck initcheck synccheck ;;
+      test_stage12_gpu) echo memcheck racecheck initcheck ;;
+      *) echo racecheck ;;
+    esac
+  }
+  declare -A pieces=() per_case=()
   jobs_list=()
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     count=$(FA_TEST_SMALL=1 "$prog" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+" || true)
     pieces[$base]=${count:-0}
-    if [[ $base != test_stage10 && $base != test_stage11 && $base != test_stage12_gpu ]]; then
-      jobs_list+=("$prog|memcheck|${base}_memcheck|" "$prog|initcheck|${base}_initcheck|")
-    fi
+    per_case[$base]=" $(per_case_tools "$base") "
+    for tool in memcheck initcheck; do
+      [[ ${per_case[$base]} == *" $tool "* ]] || jobs_list+=("$prog|$tool|${base}_$tool|")
+    done
   done
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
-    # Stages 10 and 11 run every tool one test case at a time (their matrices cover several
-    # kernels in two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
-    per_case=(racecheck)
-    [[ $base == test_stage10 || $base == test_stage11 ]] && per_case=(memcheck racecheck initcheck synccheck)
-    # Stage 12's ring (threads, streams, a memory pool): its whole program under initcheck
-    # failed with an illegal address while ~80 other sanitizer jobs shared the GPU, and passed
-    # alone; one test case per process keeps each job short.
-    [[ $base == test_stage12_gpu ]] && per_case=(memcheck racecheck initcheck)
-    for tool in "${per_case[@]}"; do
+    for tool in ${per_case[$base]}; do
       for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|$tool|${base}_${tool}_$i|$i"); done
     done
   done
@@ -180,15 +186,15 @@ else
   wait || true
   sane=1
   # (a log cut short by a timeout has no summary line: grep finds nothing, the sum is 0 and
-  # the verdict above already says TIMED OUT)
-  # (every grep may find nothing: under pipefail, a grep without a match must not end the script)
+  # the verdict above already says TIMED OUT; under pipefail the empty grep must not end the
+  # script)
   sum_of() { local pattern=$1; shift; { grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null || true; } | { grep -Eo "[0-9]+$" || true; } | awk '{s += $1} END {print s + 0}'; }
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     tools=(memcheck racecheck initcheck)
-    [[ $base == test_stage10 || $base == test_stage11 ]] && tools+=(synccheck)
+    [[ ${per_case[$base]} == *" synccheck "* ]] && tools+=(synccheck)
     for tool in "${tools[@]}"; do
-      if [[ $tool == racecheck || $base == test_stage10 || $base == test_stage11 || $base == test_stage12_gpu ]]; then
+      if [[ ${per_case[$base]} == *" $tool "* ]]; then
         logs=()
         for ((i = 1; i <= ${pieces[$base]}; ++i)); do logs+=("$tmp/${base}_${tool}_$i"); done
         tests="${pieces[$base]} test cases, one process each"
