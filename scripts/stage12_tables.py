@@ -80,8 +80,9 @@ def tables(rows):
     first = next(iter(rows.values()))
     lines = [f"{first['device']} × {first['gpus']}, {first['dtype']}, d = {first['head_dim']}, "
              f"batch {first['batch']}, {first['heads']} heads, {first['transport']} transport "
-             f"(`docs/results/stage12_scaling.csv`). Times per step in ms; *of ideal* = "
-             "t₁ / (P·t_P) of forward+backward; *exchanges* = what the exchanges add to the "
+             f"(`docs/results/stage12_scaling.csv`). Times in ms of a whole ring, from the first "
+             "rank's start to the last rank's end (the median of the repetitions); *fwd+bwd* = "
+             "the forward's ring and the backward's added; *of ideal* = t₁ / (P·t_P) of fwd+bwd; *exchanges* = what the exchanges add to the "
              "arithmetic alone, serialised → overlapped, as a share of it (t_compute).", ""]
     keys = sorted({(k[0], k[1], k[2], k[3]) for k in rows if k[2] > 1})
     lines += ["Strong scaling (fixed N):", "",
