@@ -83,7 +83,7 @@ s12::Work brute_force_work(const s12::Plan& plan) {
 // ---- the shared checks, with the default ring (4 ranks, fewer for short sequences, zigzag)
 
 TEST_CASE("stage 12: shape matrix, forward and backward") { fa::test::check_matrix(stage(), fa::Dtype::F32, true); }
-TEST_CASE("stage 12: shape matrix again, plain split, 3 ranks where the sequence allows") {
+TEST_CASE("stage 12: shape matrix again, plain split, the default ring (4 ranks, fewer for a short sequence)") {
   const RingOptions ring(0, s12::Split::Plain);
   fa::test::check_matrix(stage(), fa::Dtype::F32, true);
 }
