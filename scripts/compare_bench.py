@@ -7,14 +7,20 @@ FlashAttention-2), so that the clock and the machine cancel out. For every point
 files hold, the script prints the two ratios and their change, then the median change and
 the points that fell more than --max-drop below their old ratio.
 
-  python3 scripts/compare_bench.py BEFORE.csv AFTER.csv [--max-drop 0.04] [--max-median 0.01]
+  python3 scripts/compare_bench.py BEFORE.csv[,BEFORE2.csv…] AFTER.csv[,AFTER2.csv…] [--max-drop 0.04]
+
+With several files a side (rounds of the same code, as scripts/gpu_bench_ab.sh writes them),
+a point's ratio is the geometric mean of its ratios in those files; a file that holds several
+runs gives each point the geometric mean of its TFLOP/s.
 
 Exit status 0 when no point fell more than --max-drop and the median change is within
 --max-median (the thresholds of issue #14's "performance must not move"), 1 otherwise.
 """
 import argparse
 import csv
+import math
 import statistics
+from collections import defaultdict
 import sys
 
 # The baseline each stage is read against, by stage prefix.
@@ -22,16 +28,17 @@ BASELINE = {"07": "sdpa_math", "08": "sdpa_flash", "09": "sdpa_flash"}
 
 
 def load(path):
-    """{(what, pass, dtype, batch, heads, seq_q, seq_k, head_dim, causal): tflops}"""
-    table = {}
+    """{(what, pass, dtype, batch, heads, seq_q, seq_k, head_dim, causal): tflops}; a point
+    measured more than once (several runs in one file) gets the geometric mean."""
+    table = defaultdict(list)
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             if not row["tflops"] or row["check"] in ("n/a", "FAIL"):
                 continue
             key = (row["what"], row["pass"], row["dtype"], row["batch"], row["heads"],
                    row["seq_q"], row["seq_k"], row["head_dim"], row["causal"])
-            table[key] = float(row["tflops"])
-    return table
+            table[key].append(float(row["tflops"]))
+    return {k: math.prod(v) ** (1 / len(v)) for k, v in table.items()}
 
 
 def ratios(table):
@@ -48,6 +55,13 @@ def ratios(table):
     return out
 
 
+def pooled(paths):
+    """ratios() of each comma-separated file, a point's ratios combined by geometric mean."""
+    tables = [ratios(load(p)) for p in paths.split(",")]
+    keys = set.intersection(*(set(t) for t in tables))
+    return {k: math.prod(t[k] for t in tables) ** (1 / len(tables)) for k in keys}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("before")
@@ -56,7 +70,7 @@ def main():
     ap.add_argument("--max-median", type=float, default=0.01)
     args = ap.parse_args()
 
-    before, after = ratios(load(args.before)), ratios(load(args.after))
+    before, after = pooled(args.before), pooled(args.after)
     common = sorted(set(before) & set(after))
     if not common:
         print("no point is in both files")
