@@ -26,7 +26,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # python/:
 # Backend name → the stage that runs it (None: PyTorch's SDPA). A training backend needs a
 # backward, so "08+09" runs stage 09 (08's forward kernel with 09's backward) and "10+11" stage
 # 11; "06" is the CPU stage with both passes, for the CPU smoke test.
-BACKENDS = {"sdpa": None, "08+09": "09", "10+11": "11", "06": "06"}
+BACKENDS = {"sdpa": None, "sdpa-cudnn": None, "sdpa-flash": None, "08+09": "09", "10+11": "11", "06": "06"}
+# SDPA held to one of its kernels: "sdpa" lets PyTorch choose; these are the controls, two
+# vendor kernels of the same exact attention whose curves show how far rounding alone moves
+# a training run.
+SDPA_KERNEL = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION"}
 
 
 def attention_backend(name):
@@ -34,6 +38,14 @@ def attention_backend(name):
     if name not in BACKENDS:
         raise ValueError(f"attention backend '{name}' is unknown (backends: {', '.join(BACKENDS)})")
     stage = BACKENDS[name]
+    if name in SDPA_KERNEL:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        kernel = getattr(SDPBackend, SDPA_KERNEL[name])
+
+        def attend(q, k, v):
+            with sdpa_kernel(kernel):  # the backward runs the kernel the forward chose
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attend
     if stage is None:
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     from fa_attention.torch_ops import attention

@@ -16,6 +16,7 @@ SUMMARY_COLUMNS = ["task", "backend", "steps", "final_loss", "final_loss_rel_sdp
                    "final_val_loss", "final_val_loss_rel_sdpa", "final_val_accuracy",
                    "tokens_per_s", "speed_rel_sdpa", "stopped", "device", "commit", "date"]
 TASKS = ("text", "recall")
+SMALL_LOSS = 0.05  # below it the summary compares losses by difference, not by ratio
 
 
 def _fmt(x):
@@ -87,10 +88,21 @@ def summary_markdown(summary, header_lines):
     def num(x, f):
         return "—" if x is None or x == "" else format(x, f)
 
+    base = {r["task"]: r for r in summary if r["backend"] == "sdpa"}
+
+    def versus(r, key):
+        """The relative difference to sdpa's value; where sdpa's loss is below SMALL_LOSS (a task
+        solved, its loss near zero), the absolute difference instead: there a ratio of two
+        tiny numbers says nothing."""
+        b = base.get(r["task"], {}).get(key)
+        if b is not None and r.get(key) is not None and abs(b) < SMALL_LOSS:
+            return f"Δ {r[key] - b:+.4f}"
+        return pct(r.get(key + "_rel_sdpa"))
+
     for r in summary:
         lines.append(f"| {r['task']} | {r['backend']} | {r['steps']} | {num(r['final_loss'], '.4f')} | "
-                     f"{pct(r.get('final_loss_rel_sdpa'))} | {num(r['final_val_loss'], '.4f')} | "
-                     f"{pct(r.get('final_val_loss_rel_sdpa'))} | {num(r['final_val_accuracy'], '.3f')} | "
+                     f"{versus(r, 'final_loss')} | {num(r['final_val_loss'], '.4f')} | "
+                     f"{versus(r, 'final_val_loss')} | {num(r['final_val_accuracy'], '.3f')} | "
                      f"{num(r['tokens_per_s'], ',.0f')} | {num(r.get('speed_rel_sdpa'), '.2f')} |")
     return "\n".join(lines) + "\n"
 

@@ -4,8 +4,11 @@ attention backend, within a time budget; CSVs, a summary and a figure of the los
     python3 python/examples/gpt/run_all.py --out OUT --budget-s 420            # on the GPU
     python3 python/examples/gpt/run_all.py --out OUT --device cpu --tiny        # a CPU try-out
 
-Backends: "sdpa" (torch's scaled_dot_product_attention), "08+09" (stage 08's forward, 09's
-backward), "10+11" (stages 10 and 11, Hopper only); on the CPU "sdpa" and "06". A backend that
+Backends: "sdpa" (torch's scaled_dot_product_attention, its own choice of kernel), "08+09"
+(stage 08's forward, 09's backward), "10+11" (stages 10 and 11, Hopper only); on the CPU "sdpa"
+and "06". The control "sdpa-cudnn" (SDPA held to its cuDNN kernel; "sdpa-flash" to its
+FlashAttention-2 kernel) is another exact attention with its own rounding: how far its curve
+lies from sdpa's is how far rounding alone moves a run. A backend that
 cannot run here (no library, a stage not built, a GPU it does not support) is skipped with
 the reason. The library is found as the package finds it ($FA_LIB, else build/ or build-gpu/).
 
@@ -80,10 +83,18 @@ def available_backends(names, device):
             out.append((name, f"unknown backend (backends: {', '.join(BACKENDS)})"))
             continue
         stage = BACKENDS[name]
-        if stage is None:
+        if name == "sdpa":
             out.append((name, None))
             continue
         try:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            if stage is None:  # SDPA held to one kernel: a causal forward and backward show if it runs here
+                from model import attention_backend
+                q, k, v = (torch.randn(1, 2, 128, 64, device=device, dtype=dtype, requires_grad=True)
+                           for _ in range(3))
+                attention_backend(name)(q, k, v).sum().backward()
+                out.append((name, None))
+                continue
             from fa_attention import core
             from fa_attention.torch_ops import attention
             built = [s for s in core.stages() if s.startswith(stage)]
@@ -95,7 +106,6 @@ def available_backends(names, device):
                 raise RuntimeError(f"stage {stage} runs on {where}, this run on {device}")
             # A causal forward and backward on a small problem: refusals show here (a stage not
             # built into this library, a GPU architecture it does not support).
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
             q, k, v = (torch.randn(1, 2, 128, 64, device=device, dtype=dtype, requires_grad=True)
                        for _ in range(3))
             attention(q, k, v, causal=True, stage=stage).sum().backward()
@@ -130,7 +140,7 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=420.0, help="seconds for everything (default 420)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     ap.add_argument("--backends", default=None,
-                    help="comma-separated (default: sdpa,08+09,10+11 on a GPU; sdpa,06 on the CPU)")
+                    help="comma-separated (default: sdpa,sdpa-cudnn,08+09,10+11 on a GPU; sdpa,06 on the CPU)")
     ap.add_argument("--tasks", default="text,recall", help="comma-separated: text, recall")
     ap.add_argument("--steps", type=int, default=None,
                     help="train exactly this many steps per task (no calibration; --budget-s still stops runs)")
@@ -148,7 +158,7 @@ def main(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    default_backends = "sdpa,08+09,10+11" if device.type == "cuda" else "sdpa,06"
+    default_backends = "sdpa,sdpa-cudnn,08+09,10+11" if device.type == "cuda" else "sdpa,06"
     commit, date = git_commit(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     prefix = args.prefix or f"{device_prefix(device_name)}_gpt_capstone"
     out = pathlib.Path(args.out)
@@ -157,7 +167,7 @@ def main(argv=None):
 
     backends = []
     for name, reason in available_backends((args.backends or default_backends).split(","), device):
-        print(f"  backend {name:6}: " + ("ok" if reason is None else f"skipped ({reason})"))
+        print(f"  backend {name:10}: " + ("ok" if reason is None else f"skipped ({reason})"))
         if reason is None:
             backends.append(name)
     if not backends:
@@ -184,7 +194,7 @@ def main(argv=None):
                 trainer = Trainer(data, s["cfg"], b, device, s["lr"], total_steps=100, seed=args.seed)
                 step_s, eval_s = measure(trainer, steps=5, warmup=3, val=val)
                 cost[t] += step_s + eval_s * s["eval_batches"] / s["eval_every"]
-                print(f"  calibration {t:6} {b:6}: {1e3 * step_s:7.1f} ms/step, {1e3 * eval_s:6.1f} ms/eval batch")
+                print(f"  calibration {t:6} {b:10}: {1e3 * step_s:7.1f} ms/step, {1e3 * eval_s:6.1f} ms/eval batch")
                 del trainer
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -157,7 +157,7 @@ def run(trainer, steps, eval_every, val, timing_warmup=10, deadline=None, log=pr
         if step % eval_every == 0 or last:
             evals[step] = trainer.evaluate(val)
             seen = torch.stack(losses[-eval_every:]).float()
-            log(f"  {trainer.backend:>6} step {step:5d}  loss {seen[-1].item():.4f}  "
+            log(f"  {trainer.backend:>10} step {step:5d}  loss {seen[-1].item():.4f}  "
                 f"val_loss {evals[step][0]:.4f}  val_acc {evals[step][1]:.3f}")
             if not torch.isfinite(seen).all():
                 stopped = f"non-finite loss by step {step}"
