@@ -29,13 +29,6 @@ cudaMemPool_t scratch_pool() {
   FA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
   uint64_t keep_everything = UINT64_MAX;
   FA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
-  // A block freed on one stream is reused by that stream, or by another that has waited for the
-  // free (an event): never handed to an unrelated stream by the driver on its own. A stage's
-  // calls on one stream lose nothing by it; the ring of stage 12, one stream per rank, keeps a
-  // few blocks per rank instead of sharing them.
-  int no = 0;
-  FA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &no));
-  FA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no));
   pools[device] = pool;
   return pool;
 }
