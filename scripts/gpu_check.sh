@@ -13,6 +13,8 @@
 #   FA_BENCH_ARGS      extra arguments for scripts/bench_gpu.py (e.g. "--quick --stages 07")
 #   FA_SKIP_CTEST=1, FA_SKIP_SANITIZER=1, FA_SKIP_BENCH=1   leave a step out
 #   FA_SANITIZE        space-separated test programs to sanitize (default: every GPU test program)
+#   FA_SANITIZER_JOBS  sanitizer jobs at once (default: one per CPU core, at most 16 per GPU; 1 runs
+#                      them one after another, e.g. to tell a failure under load from one alone)
 # OUT holds at most 8 files (what the device tool brings back): build.log, ctest.log,
 # ctest_junit.xml, sanitizer.log, bench.log, bench_gpu.csv, summary.txt. The CSV is meant to
 # be committed as docs/results/h200_bench_gpu.csv (device, commit and date are in each row).
@@ -147,6 +149,7 @@ else
   # a pool of one per CPU core, the long whole-program jobs started first.
   slots=$JOBS
   ((slots > 16 * gpu_count)) && slots=$((16 * gpu_count))
+  [[ ${FA_SANITIZER_JOBS:-} =~ ^[1-9][0-9]*$ ]] && slots=$FA_SANITIZER_JOBS
   # The tools a program runs one test case per process; the others of memcheck and initcheck
   # run it whole. Stages 10 and 11 run every tool per case (their matrices cover several
   # kernels in two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
