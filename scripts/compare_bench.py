@@ -14,14 +14,16 @@ a point's ratio is the geometric mean of its ratios in those files; a file that 
 runs gives each point the geometric mean of its TFLOP/s.
 
 Exit status 0 when no point fell more than --max-drop and the median change is within
---max-median (the thresholds of issue #14's "performance must not move"), 1 otherwise.
+±--max-median or above it (a faster median is no regression; the thresholds of issue #14's
+"performance must not move"), 1 otherwise.
 """
 import argparse
-import csv
 import math
 import statistics
-from collections import defaultdict
 import sys
+from collections import defaultdict
+
+from results_data import measured_rows
 
 # The baseline each stage is read against, by stage prefix.
 BASELINE = {"07": "sdpa_math", "08": "sdpa_flash", "09": "sdpa_flash"}
@@ -31,13 +33,10 @@ def load(path):
     """{(what, pass, dtype, batch, heads, seq_q, seq_k, head_dim, causal): tflops}; a point
     measured more than once (several runs in one file) gets the geometric mean."""
     table = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if not row["tflops"] or row["check"] in ("n/a", "FAIL"):
-                continue
-            key = (row["what"], row["pass"], row["dtype"], row["batch"], row["heads"],
-                   row["seq_q"], row["seq_k"], row["head_dim"], row["causal"])
-            table[key].append(float(row["tflops"]))
+    for row in measured_rows(path):
+        key = (row["what"], row["pass"], row["dtype"], row["batch"], row["heads"],
+               row["seq_q"], row["seq_k"], row["head_dim"], row["causal"])
+        table[key].append(row["tflops"])
     return {k: math.prod(v) ** (1 / len(v)) for k, v in table.items()}
 
 

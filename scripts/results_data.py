@@ -80,6 +80,16 @@ def read_rows(path: Path):
         return list(csv.DictReader(f))
 
 
+def measured_rows(path):
+    """The rows of a bench_gpu.py CSV that hold a timing whose output passed its check (not a
+    backend that refused the shape, `n/a`, nor a failed check), with `tflops` as a float."""
+    rows = []
+    for r in read_rows(Path(path)):
+        if r["tflops"] and r["check"] not in ("n/a", "FAIL"):
+            rows.append(dict(r, tflops=float(r["tflops"])))
+    return rows
+
+
 def stage_points(results: Path = RESULTS):
     """Every row of the stage files that is not a ceiling, as Points."""
     points = []

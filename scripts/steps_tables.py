@@ -5,35 +5,29 @@
   python3 scripts/steps_tables.py 08 docs/results/h100_steps_0809.csv
 
 A step is the stage run with its option `step` = k ("07_smem_cuda[step=1]" is 07a); the stage
-name alone is the default (auto), which is the last step. Where the file holds several runs of
-the same commit, a point's TFLOP/s is their mean. Prints Markdown (the notes embed it between
+name alone is the default (auto). Where the file holds several runs, a point's TFLOP/s is
+their mean. Prints Markdown (the notes embed it between
 `<!-- results: … -->` markers; scripts/fill_results.py refreshes it).
 """
 import argparse
-import csv
 import statistics
 from collections import defaultdict
+
+from results_data import measured_rows
 
 STAGES = {"07": ("07_smem_cuda", ["07a", "07b", "07c"]),
           "08": ("08_tensor_core_fwd", ["08a", "08b"]),
           "09": ("09_tensor_core_bwd", ["09a", "09b", "09c"])}
 
 
-def read(path, commit):
-    """{(what, pass, d, N, causal): mean TFLOP/s}, and the device and the commit."""
-    acc, device, commits, dates = defaultdict(list), set(), set(), set()
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            if commit and not r["commit"].startswith(commit):
-                continue
-            if not r["tflops"] or r["check"] in ("n/a", "FAIL"):
-                continue
-            acc[(r["what"], r["pass"], int(r["head_dim"]), int(r["seq_q"]), r["causal"] == "1")].append(
-                float(r["tflops"]))
-            device.add(r["device"])
-            commits.add(r["commit"])
-            dates.add(r["date"])  # one date per run of bench_gpu.py
-    return {k: statistics.mean(v) for k, v in acc.items()}, sorted(device), sorted(commits), len(dates)
+def read(path):
+    """{(what, pass, d, N, causal): mean TFLOP/s over the file's runs}, the devices, the runs."""
+    acc, devices, dates = defaultdict(list), set(), set()
+    for r in measured_rows(path):
+        acc[(r["what"], r["pass"], int(r["head_dim"]), int(r["seq_q"]), r["causal"] == "1")].append(r["tflops"])
+        devices.add(r["device"])
+        dates.add(r["date"])  # one date per run of bench_gpu.py
+    return {k: statistics.mean(v) for k, v in acc.items()}, sorted(devices), len(dates)
 
 
 def step_name(stage, k):
@@ -48,9 +42,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("stage", choices=sorted(STAGES))
     ap.add_argument("csv")
-    ap.add_argument("--commit", default=None, help="only the rows of this commit (a prefix)")
     args = ap.parse_args()
-    t, devices, commits, runs = read(args.csv, args.commit)
+    t, devices, runs = read(args.csv)
     name, steps = STAGES[args.stage]
     pas = "bwd" if args.stage == "09" else "fwd"
     points = sorted({(d, n, c) for (w, p, d, n, c) in t if w == name and p == pas})
