@@ -153,14 +153,23 @@ else
   # The tools a program runs one test case per process; the others of memcheck and initcheck
   # run it whole. Stages 10 and 11 run every tool per case (their matrices cover several
   # kernels in two dtypes), synccheck too: the Hopper kernels' named barriers and warp roles.
-  # Stage 12's ring (threads, streams, a memory pool): its whole program under initcheck failed
-  # with an illegal address while ~80 other sanitizer jobs shared the GPU, and passed alone;
-  # one test case per process keeps each job short.
+  # Stage 12's ring runs one test case per process under every tool, to keep each job short.
   per_case_tools() {
     case $1 in
       test_stage10|test_stage11) echo memcheck racecheck initcheck synccheck ;;
       test_stage12_gpu) echo memcheck racecheck initcheck ;;
       *) echo racecheck ;;
+    esac
+  }
+  # The tools a program runs with the GPU to itself, after the parallel jobs, one job at a time.
+  # initcheck of a program whose host threads drive several streams reports uninitialized
+  # reads that are not there, and now and then stops it with an illegal address, when other
+  # processes share the GPU: scripts/repro/initcheck_threads.cu shows both with none of the
+  # project's code, and memcheck under the same load is clean (docs/results/
+  # h200_gpu_check_2026-11-25_session8.txt). Alone, the same runs are clean.
+  alone_tools() {
+    case $1 in
+      test_stage12_gpu) echo initcheck ;;
     esac
   }
   declare -A pieces=() per_case=()
@@ -174,10 +183,14 @@ else
       [[ ${per_case[$base]} == *" $tool "* ]] || jobs_list+=("$prog|$tool|${base}_$tool|")
     done
   done
+  alone_list=()
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     for tool in ${per_case[$base]}; do
-      for ((i = 1; i <= ${pieces[$base]}; ++i)); do jobs_list+=("$prog|$tool|${base}_${tool}_$i|$i"); done
+      for ((i = 1; i <= ${pieces[$base]}; ++i)); do
+        job="$prog|$tool|${base}_${tool}_$i|$i"
+        if [[ " $(alone_tools "$base") " == *" $tool "* ]]; then alone_list+=("$job"); else jobs_list+=("$job"); fi
+      done
     done
   done
   for job in "${jobs_list[@]}"; do
@@ -187,11 +200,22 @@ else
     launched=$((launched + 1))
   done
   wait || true
+  for job in ${alone_list[@]+"${alone_list[@]}"}; do  # the GPU to themselves, one after another
+    IFS='|' read -r prog tool name index <<<"$job"
+    sanitize "$prog" "$tool" "$name" "$index"
+    launched=$((launched + 1))
+  done
   sane=1
   # (a log cut short by a timeout has no summary line: grep finds nothing, the sum is 0 and
   # the verdict above already says TIMED OUT; under pipefail the empty grep must not end the
   # script)
-  sum_of() { local pattern=$1; shift; { grep -Eho "$pattern [0-9]+" "$@" 2>/dev/null || true; } | { grep -Eo "[0-9]+$" || true; } | awk '{s += $1} END {print s + 0}'; }
+  # (compute-sanitizer adds a second summary line, "N errors were not printed", past
+  # --print-limit: it is not counted again)
+  sum_of() {
+    local pattern=$1; shift
+    { grep -Eh "$pattern [0-9]+" "$@" 2>/dev/null || true; } | { grep -v "not printed" || true; } |
+      { grep -Eo "$pattern [0-9]+" || true; } | { grep -Eo "[0-9]+$" || true; } | awk '{s += $1} END {print s + 0}'
+  }
   for prog in "${gpu_tests[@]}"; do
     base=$(basename "$prog")
     tools=(memcheck racecheck initcheck)
