@@ -357,7 +357,7 @@ def write_if_changed(path: Path, text: str):
 
 def cmd_pages(args) -> int:
     repo, out = Path(args.repo).resolve(), Path(args.out)
-    for sub in ("pages", "include", "images", "notes"):
+    for sub in ("pages", "include", "images", "notes", "notebooks"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     stages = find_stages(repo)
     errors = read_titles(stages)
@@ -372,6 +372,8 @@ def cmd_pages(args) -> int:
     errors += [f"{rel}: its summary table differs from the CSVs': run scripts/plot_results.py and "
                f"commit it" for rel in rd.stale_summaries(repo)]
     errors += write_notes(repo, out, stages, input_names(repo))
+    import notebook_pages  # docs/notebook_pages.py, beside this script
+    errors += notebook_pages.write_notebook_pages(repo, out)
     if errors:
         for e in errors:
             print("docs: " + e, file=sys.stderr)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from notes_tree import (ANCHOR_LINE_RE, CODE_SPAN_RE, DISPLAY_INLINE_RE, GENERATED_PAGES,
                         HEADING_RE, IMAGE_DIRS, INLINE_MATH_RE, LINK_RE, OLD_HEADING_RE, SOURCE_EXTS,
-                        Note, NoteError, Protect, Tree, snippet_blocks, split_fences, sync_text)
+                        Note, NoteError, Protect, Tree, notebook_label, snippet_blocks, split_fences,
+                        sync_text)
 
 
 # ----------------------------------------------------------------------------- to Doxygen
@@ -64,6 +65,8 @@ class Converter:
             return "missing", target
         if rel in GENERATED_PAGES:
             return "ref", anchor or GENERATED_PAGES[rel]
+        if notebook_label(rel) and full.is_file():
+            return "ref", anchor or notebook_label(rel)
         if rel in self.tree.notes:
             note = self.tree.notes[rel]
             return "ref", anchor or note.label or rel

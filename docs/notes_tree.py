@@ -17,6 +17,13 @@ IMAGE_DIRS = ("docs/results/figures", "docs/figures")
 # which read well in plain Markdown too.
 GENERATED_PAGES = {"docs/results/README.md": "results", "stages/README.md": "stages"}
 
+
+def notebook_label(rel: str) -> str | None:
+    """The site's page of a notebook (docs/notebook_pages.py makes it), by the notebook's
+    path in the repository: notebooks/05_gpt_capstone.ipynb → notebook_05_gpt_capstone."""
+    m = re.fullmatch(r"notebooks/([0-9][0-9]_[^/]*)\.ipynb", rel)
+    return "notebook_" + re.sub(r"[^A-Za-z0-9_]", "_", m.group(1)) if m else None
+
 ANCHOR = r'<a\s+(?:id|name)="([A-Za-z0-9_]+)"\s*>\s*</a>'
 HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*(?:" + ANCHOR + r")?[ \t]*$")
 OLD_HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*\{#([A-Za-z0-9_]+)\}[ \t]*$")

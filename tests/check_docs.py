@@ -7,6 +7,8 @@ By parsing the HTML (Python standard library only):
   - the main page exists, holds the stage map with one row per stages/NN_* folder, and
     links every stage that has notes;
   - every stages/NN_*/README.md and docs/concepts/*.md became a page (its {#label}.html);
+  - every notebooks/NN_*.ipynb became a page (notebook_NN_*.html) that the main page links,
+    with one figure per figure output the notebook was committed with;
   - every \\snippet in a page's source produced a code block with at least one non-blank
     line, and every \\f$ \\f$ and \\f[ \\f] formula became MathJax markup (\\( \\), \\[ \\]);
   - every page loads MathJax from the local copy (a relative src, no network), and the
@@ -286,6 +288,28 @@ class Checker:
                     and htmllib.unescape(anchor) not in self.anchors(path):
                 self.fail(f"{page_file.name}: link to {href}: {path.name} has no anchor '{anchor}'")
 
+    def check_notebook_page(self, notebook: Path, main_text: str):
+        """A notebook's page (docs/notebook_pages.py): there, linked from the main page,
+        its links, text and MathJax sound, and one figure on it per figure the notebook
+        was committed with."""
+        label = "notebook_" + re.sub(r"[^A-Za-z0-9_]", "_", notebook.stem)
+        page_file = self.html / f"{label}.html"
+        if not page_file.exists():
+            self.fail(f"notebooks/{notebook.name} has no page {page_file.name} (docs/notebook_pages.py)")
+            return
+        if f'href="{label}.html"' not in main_text:
+            self.fail(f"index.html does not link {page_file.name} (notebooks/{notebook.name})")
+        page = parse(page_file)
+        self.check_mathjax_refs(page_file, page)
+        self.check_links(page_file, page)
+        self.check_text(page_file)
+        cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+        figures = sum(1 for c in cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+        shown = len(re.findall(r'<img src="' + label + r'_[0-9]+\.png"',
+                               page_file.read_text(encoding="utf-8", errors="replace")))
+        if shown != figures:
+            self.fail(f"{page_file.name}: {shown} figures, but notebooks/{notebook.name} has {figures}")
+
     # ------------------------------------------------------------------ the site
     def run(self):
         index = self.html / "index.html"
@@ -335,6 +359,8 @@ class Checker:
             else:
                 self.check_links(p, parse(p))
                 self.check_text(p)
+        for notebook in sorted((self.repo / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+            self.check_notebook_page(notebook, main_text)
 
         # The side-by-side reader: every stage folder listed, every page it names exists.
         stage_pages = []

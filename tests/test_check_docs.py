@@ -31,6 +31,10 @@ FAULTS = [
      "a link to 'file:line', which is no web address"),
     ("formula delimiter left", "stage_03.html", "<p>where $$x + y$$ stays raw</p>",
      "a formula delimiter left in the text"),
+    ("notebook figure missing", "notebook_05_gpt_capstone.html", '<p><img src="no_such_figure.png" alt=""/></p>',
+     "link to no_such_figure.png, which is not in the site"),
+    ("notebook figure extra", "notebook_01_softmax_variants.html",
+     '<p><img src="notebook_01_softmax_variants_1.png" alt=""/></p>', "figures, but notebooks/"),
 ]
 # Faults only headless Chromium sees: (name, page, old text, new text, expected message).
 RENDER_FAULTS = [
