@@ -165,7 +165,7 @@ def split_fences(lines: list[str]):
     for i, line in enumerate(lines):
         m = FENCE_RE.match(line)
         if fence is None and m and len(m.group(1)) <= 3:
-            fence = m.group(2)[0] * 3
+            fence = m.group(2)  # closed by a run of the same character, at least as long
             yield i, line, True
         elif fence is not None:
             yield i, line, True

@@ -58,7 +58,10 @@ cmake -S . -B "$BUILD" ${generator[@]+"${generator[@]}"} -DCMAKE_BUILD_TYPE=Rele
 PROG=$BUILD/tests/test_stage12_gpu
 echo "build: $((SECONDS - t0)) s" | tee -a "$SUM"
 COUNT=$("$PROG" --count 2>/dev/null | grep -Eo "filters: [0-9]+" | grep -Eo "[0-9]+$")
+[[ $COUNT =~ ^[1-9][0-9]*$ ]] || { echo "$PROG --count gave no test cases" | tee -a "$SUM"; exit 1; }
 echo "test cases: $COUNT" | tee -a "$SUM"
+# Interrupted: stop the load (its loops look for the stop file).
+trap '[[ -n ${LOAD_DIR:-} && -d $LOAD_DIR ]] && touch "$LOAD_DIR/stop"' EXIT
 
 # run NAME CAP CMD...: one process; its output into the log under a header; prints "rc seconds".
 run() {
@@ -71,7 +74,9 @@ run() {
     echo "################ $name: rc $rc, $((SECONDS - t)) s"
     # doctest's failures and the tool's summary; the full text of a failing run
     if ((rc == 0)); then grep -E "ERROR SUMMARY|test cases:|wrong values" "$out"; else head -c 60000 "$out"; fi
-  } >>"$LOG"
+  } >"$out.block"
+  cat "$out.block" >>"$LOG"  # one append per run: runs at once do not interleave their blocks
+  rm -f "$out.block"
   local errors
   # (the summary's first line; a second one counts the errors past --print-limit)
   errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ errors?$" "$out" | grep -Eo "[0-9]+" | tail -1)
@@ -83,9 +88,10 @@ left() { echo $((BUDGET - SECONDS)); }
 # stop_load waits for the runs in flight and prints how many ran and failed.
 start_load() {
   LOAD_DIR=$(mktemp -d)
-  for ((j = 1; j <= LOAD; ++j)); do
-    (n=0; while [[ ! -e $LOAD_DIR/stop ]]; do
-       n=$((n + 1)); run "load copy $j run $n" 240 "$PROG" >>"$LOAD_DIR/load_$j"; done) &
+  for ((j = 1; j <= LOAD; ++j)); do  # (each run capped by the time left, so stop_load ends in time)
+    (n=0; while [[ ! -e $LOAD_DIR/stop ]] && (($(left) > 10)); do
+       n=$((n + 1)); run "load copy $j run $n" $(($(left) < 240 ? $(left) : 240)) "$PROG" >>"$LOAD_DIR/load_$j"
+     done) &
   done
 }
 stop_load() {
@@ -101,6 +107,7 @@ for phase in $PHASES; do
   alone)
     echo "-- alone: each case, no tool, one at a time" | tee -a "$SUM"
     for ((i = 1; i <= COUNT; ++i)); do
+      (($(left) < 30)) && { echo "case $i: no time left" | tee -a "$SUM"; break; }
       read -r rc s _ < <(run "alone case $i" 120 "$PROG" --first=$i --last=$i)
       echo "case $i: rc $rc, $s s" | tee -a "$SUM"
     done
@@ -111,7 +118,7 @@ for phase in $PHASES; do
       (($(left) < 60)) && { echo "round $round: no time left" | tee -a "$SUM"; break; }
       tmp=$(mktemp -d)
       for ((j = 1; j <= LOAD; ++j)); do
-        (run "load round $round copy $j" 240 "$PROG" >"$tmp/$j") &
+        (run "load round $round copy $j" $(($(left) < 240 ? $(left) : 240)) "$PROG" >"$tmp/$j") &
       done
       wait
       fails=0

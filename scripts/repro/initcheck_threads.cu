@@ -4,10 +4,13 @@
 // for P steps merges a partner buffer into it with a kernel (one warp per row, as merge_rows),
 // hands its buffer to the next thread by a device copy on a second stream (events order the
 // copy after the writer and after the reader, as DeviceTransport), and uses scratch from a
-// shared stream-ordered pool (allocate, write, read, free, as stage 09). Every value is checked.
+// shared stream-ordered pool (allocate, write, read, free, as stage 09). At the end of each
+// round it checks the first column of every row of its sum. (A sanity check only: the values
+// are the same every round, so stale memory would pass it.)
 //
-// Every byte a kernel reads here was written before, in stream order. So an "uninitialized
-// read" from compute-sanitizer's initcheck on this program is the tool's, not the program's:
+// Every byte a kernel reads here was written before it: on the same stream, or on the copy
+// stream that the host waited for (cudaStreamSynchronize) before launching the reader. So an
+// "uninitialized read" from compute-sanitizer's initcheck on this program is the tool's:
 //   nvcc -O2 -std=c++17 -arch=sm_90 scripts/repro/initcheck_threads.cu -o /tmp/ict
 //   compute-sanitizer --tool initcheck --error-exitcode 86 /tmp/ict [threads] [rounds]
 #include <cuda_runtime.h>
@@ -78,6 +81,10 @@ class Barrier {
 
 int main(int argc, char** argv) {
   const int P = argc > 1 ? std::atoi(argv[1]) : 8, rounds = argc > 2 ? std::atoi(argv[2]) : 20;
+  if (P < 1 || P > 64 || rounds < 1) {
+    std::fprintf(stderr, "usage: %s [threads 1..64] [rounds >= 1]; got %d threads, %d rounds\n", argv[0], P, rounds);
+    return 2;
+  }
   cudaMemPool_t pool;
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
@@ -102,6 +109,7 @@ int main(int argc, char** argv) {
       for (float*& b : me.buf) CHECK(cudaMalloc(&b, kElems * sizeof(float)));
       fill<<<64, 256, 0, me.stream>>>(me.acc, 0.0f, kElems);
       fill<<<64, 256, 0, me.stream>>>(me.buf[0], 1.0f, kElems);
+      CHECK(cudaGetLastError());
       barrier.wait();
       for (int step = 0; step < P; ++step) {
         const int in_hand = step % 2;
@@ -118,6 +126,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&scratch), kRows * sizeof(float), pool, me.stream));
         fill<<<8, 256, 0, me.stream>>>(scratch, 0.0f, kRows);
         merge<<<kRows * 32 / 256, 256, 0, me.stream>>>(me.acc, me.buf[in_hand], scratch, kRows);
+        CHECK(cudaGetLastError());
         CHECK(cudaFreeAsync(scratch, me.stream));
         CHECK(cudaStreamSynchronize(me.comm));
         barrier.wait();  // every copy out of our buffer is done
@@ -125,6 +134,7 @@ int main(int argc, char** argv) {
       float* out = nullptr;
       CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&out), kRows * sizeof(float), pool, me.stream));
       sum_rows<<<kRows / 256, 256, 0, me.stream>>>(me.acc, out, kRows);
+      CHECK(cudaGetLastError());
       CHECK(cudaMemcpyAsync(host.data(), out, kRows * sizeof(float), cudaMemcpyDeviceToHost, me.stream));
       CHECK(cudaFreeAsync(out, me.stream));
       CHECK(cudaStreamSynchronize(me.stream));
