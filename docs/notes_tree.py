@@ -24,6 +24,7 @@ def notebook_label(rel: str) -> str | None:
     m = re.fullmatch(r"notebooks/([0-9][0-9]_[^/]*)\.ipynb", rel)
     return "notebook_" + re.sub(r"[^A-Za-z0-9_]", "_", m.group(1)) if m else None
 
+
 ANCHOR = r'<a\s+(?:id|name)="([A-Za-z0-9_]+)"\s*>\s*</a>'
 HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*(?:" + ANCHOR + r")?[ \t]*$")
 OLD_HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*\{#([A-Za-z0-9_]+)\}[ \t]*$")
