@@ -23,17 +23,14 @@ mkdir -p "$OUT"
 BASE=$(cd "$BASE" && pwd)
 start=$SECONDS
 budget=${FA_AB_BUDGET_S:-540}
-for dir in /usr/local/cuda/bin; do [[ -d $dir ]] && PATH=$PATH:$dir; done
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+source scripts/gpu_env.sh  # the CUDA tools on PATH; gpu_configure
 after_commit=${FA_COMMIT:-$(cat .git_head 2>/dev/null || echo unknown)}
 before_commit=${FA_BASE_COMMIT:-before}
 log=$OUT/bench.log
 
 build() {  # build(tree): libfa_c.so in tree/build-gpu
   local tree=$1
-  cmake -S "$tree" -B "$tree/build-gpu" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" \
-    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >>"$OUT/build.log" 2>&1 &&
+  gpu_configure "$tree" "$tree/build-gpu" >>"$OUT/build.log" 2>&1 &&
   cmake --build "$tree/build-gpu" -j "$(nproc)" --target fa_c >>"$OUT/build.log" 2>&1
 }
 for tree in "$BASE" "$PWD"; do

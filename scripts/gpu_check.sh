@@ -30,11 +30,7 @@ BUILD=$ROOT/build-gpu
 JOBS=$(nproc 2>/dev/null || echo 16)
 COMMIT=${FA_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 export FA_COMMIT=$COMMIT
-# nvcc and compute-sanitizer live in the CUDA toolkit's bin folder, which may not be on PATH.
-for dir in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
-  [[ -d $dir && ":$PATH:" != *":$dir:"* ]] && PATH=$PATH:$dir
-done
-export PATH
+source scripts/gpu_env.sh  # the CUDA tools on PATH; gpu_configure
 SECONDS=0
 status=()   # one "step|result|seconds" line per step
 failed=0
@@ -53,16 +49,13 @@ t0=$SECONDS
   nvcc --version 2>&1 | tail -2 || true
   cmake --version | head -1
 } >"$OUT/build.log"
-generator=() keep_going=(-- -k)
-if command -v ninja >/dev/null; then generator=(-G Ninja); keep_going=(-- -k 0); fi
+keep_going=(-- -k)
+((${#FA_GENERATOR[@]})) && keep_going=(-- -k 0)  # Ninja's way of keeping going
 if [[ ! -d .deps/usr ]]; then
   echo ".deps/usr is missing: run scripts/vendor_deps.sh on a machine with the Debian packages" |
     tee -a "$OUT/build.log"
 fi
-if cmake -S . -B "$BUILD" ${generator[@]+"${generator[@]}"} -DCMAKE_BUILD_TYPE=Release \
-     -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF \
-     -DCMAKE_PREFIX_PATH="$ROOT/.deps/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-     >>"$OUT/build.log" 2>&1 &&
+if gpu_configure . "$BUILD" >>"$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" "${keep_going[@]}" >>"$OUT/build.log" 2>&1; then
   record build ok $((SECONDS - t0))
 else

@@ -9,11 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-./gpu_out}}
 mkdir -p "$OUT"
-for dir in /usr/local/cuda/bin; do [[ -d $dir ]] && PATH=$PATH:$dir; done
+source scripts/gpu_env.sh  # the CUDA tools on PATH; gpu_configure
 BUILD=build-gpu
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B $BUILD "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF \
-  -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+gpu_configure . $BUILD >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 cmake --build $BUILD -j "$(nproc)" --target stage10 >>"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 S=$BUILD/stages/10_hopper_fwd/stage10
 {

@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 BUDGET=${FA12_BUDGET_S:-480}
 # NVLink multicast off in every process: it can take the shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-for dir in /usr/local/cuda/bin; do [[ -d $dir ]] && PATH=$PATH:$dir; done
+source scripts/gpu_env.sh  # the CUDA tools on PATH; gpu_configure
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 { date -u +%FT%TZ; nvidia-smi -L 2>&1; nvidia-smi topo -m 2>&1; env | grep -E '^(NCCL|NVSHMEM|TORCH_SYMM)'; } \
@@ -29,9 +29,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 echo "stage12: $gpus GPUs; budget ${BUDGET} s"
 
 BUILD=build-gpu
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B $BUILD "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF \
-  -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+gpu_configure . $BUILD >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 grep -E "stage 12: NCCL" "$OUT/build.log"
 cmake --build $BUILD -j "$(nproc)" --target bench12 test_stage12_nccl >>"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }

@@ -24,9 +24,7 @@ shift
 PHASES=${*:-alone load serial loaded}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-for dir in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
-  [[ -d $dir && ":$PATH:" != *":$dir:"* ]] && PATH=$PATH:$dir
-done
+source scripts/gpu_env.sh  # the CUDA tools on PATH; gpu_configure
 BUDGET=${FA_BUDGET_S:-550}
 LOAD=${LOAD:-12}
 ROUNDS=${ROUNDS:-2}
@@ -45,11 +43,8 @@ SECONDS=0
   compute-sanitizer --version 2>/dev/null | tail -1
 } >"$SUM"
 
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
 t0=$SECONDS
-cmake -S . -B "$BUILD" ${generator[@]+"${generator[@]}"} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DFA_BUILD_DOCS=OFF -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >>"$LOG" 2>&1 &&
+gpu_configure . "$BUILD" >>"$LOG" 2>&1 &&
   cmake --build "$BUILD" -j "$(nproc)" --target test_stage12_gpu >>"$LOG" 2>&1 || {
   echo "build FAILED" | tee -a "$SUM"
   tail -40 "$LOG"
