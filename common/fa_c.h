@@ -9,6 +9,7 @@
 #ifndef FA_C_H
 #define FA_C_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -75,6 +76,18 @@ int fa_get_counter(const char* stage, const char* name, int64_t* value);
    options; NULL for an unknown stage (message from fa_last_error). The text stays valid
    until the calling thread calls this function again. */
 const char* fa_stage_options(const char* stage);
+
+/* Where the GPU stages take their scratch memory (a backward's D, L·log2(e) and fp32 dQ
+   accumulator): allocate(bytes, stream, context) returns device memory of the current device
+   for use in stream order on `stream` (a cudaStream_t), or NULL when it cannot;
+   release(ptr, stream, context) gives it back in stream order. Installed for the whole
+   process, before any thread runs a GPU stage; both NULL restores the library's own
+   stream-ordered pool. The PyTorch op installs torch's caching allocator, so scratch shares
+   the framework's memory and may be taken inside a CUDA graph capture. Without CUDA in the
+   build it is accepted and has no effect. */
+typedef void* (*fa_allocate_fn)(size_t bytes, void* stream, void* context);
+typedef void (*fa_release_fn)(void* ptr, void* stream, void* context);
+int fa_set_scratch_allocator(fa_allocate_fn allocate, fa_release_fn release, void* context);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -33,10 +34,28 @@ cudaMemPool_t scratch_pool() {
   return pool;
 }
 
+// The host's allocator, when one is installed. Each installation is a new object that is never
+// freed, so a Scratch alive across a change still releases through the allocator it came from.
+std::atomic<const ScratchAllocator*> host_allocator{nullptr};
+
 }  // namespace
+
+void set_scratch_allocator(const ScratchAllocator& allocator) {
+  const bool valid = allocator.allocate != nullptr && allocator.release != nullptr;
+  host_allocator.store(valid ? new ScratchAllocator(allocator) : nullptr);
+}
 
 Scratch::Scratch(size_t bytes, cudaStream_t stream, const std::string& who, const char* what) : stream_(stream) {
   if (bytes == 0) return;
+  if (const ScratchAllocator* host = host_allocator.load()) {
+    ptr_ = host->allocate(bytes, static_cast<void*>(stream), host->context);
+    if (ptr_ != nullptr) {
+      from_ = host;
+      return;
+    }
+    throw std::runtime_error(who + ": the host's allocator could not provide " + std::to_string(bytes >> 20) +
+                             " MiB of scratch (" + what + ")");
+  }
   const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);
   if (err == cudaSuccess) return;
   cudaGetLastError();
@@ -50,7 +69,11 @@ Scratch::Scratch(size_t bytes, cudaStream_t stream, const std::string& who, cons
 }
 
 Scratch::~Scratch() {
-  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  if (ptr_ == nullptr) return;
+  if (from_ != nullptr)
+    from_->release(ptr_, static_cast<void*>(stream_), from_->context);
+  else
+    cudaFreeAsync(ptr_, stream_);
 }
 
 }  // namespace fa

@@ -17,6 +17,21 @@
 namespace fa {
 
 //! [scratch memory]
+/// Where scratch comes from instead of the pool: a host that manages GPU memory itself (the
+/// PyTorch op hands in torch's caching allocator, so scratch is reused with the framework's
+/// memory and is legal inside a CUDA graph capture) installs one for the whole process.
+/// `allocate` returns nullptr when it cannot provide the bytes; both run in stream order.
+struct ScratchAllocator {
+  void* (*allocate)(size_t bytes, void* stream, void* context) = nullptr;  ///< stream: a cudaStream_t
+  void (*release)(void* ptr, void* stream, void* context) = nullptr;
+  void* context = nullptr;
+};
+
+/// Installs `allocator` for every later Scratch of the process; one whose functions are null
+/// restores the default pool. Call it before any thread runs a GPU stage (scratch taken before
+/// the change is still released by the allocator that gave it).
+void set_scratch_allocator(const ScratchAllocator& allocator);
+
 /// One call's scratch, freed (in stream order) when it goes out of scope. Throws
 /// std::runtime_error naming `who` and `what` when the GPU cannot provide the bytes.
 class Scratch {
@@ -30,6 +45,7 @@ class Scratch {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+  const ScratchAllocator* from_ = nullptr;  ///< the host's allocator that gave ptr_, or null (the pool)
 };
 //! [scratch memory]
 

@@ -49,6 +49,13 @@ if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel, markdo
   python3 -m pip install -q --disable-pip-version-check -r "$root/notebooks/requirements.txt"
 fi
 
+# PyTorch (from PyPI, about 60 s on a fresh machine): the native op (python/csrc) is built
+# against it, and the op's tests and the GPT capstone's CPU run need it.
+if ! python3 -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch from PyPI"
+  python3 -m pip install -q --disable-pip-version-check torch
+fi
+
 # nvcc is often installed outside PATH.
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"

@@ -10,6 +10,9 @@
 #include "errors.h"
 #include "options.h"
 #include "stage_list.h"
+#ifdef FA_HAVE_CUDA
+#include "scratch.h"
+#endif
 
 namespace {
 
@@ -252,6 +255,18 @@ const char* fa_stage_options(const char* stage) {
     out = text.c_str();
   });
   return out;
+}
+
+int fa_set_scratch_allocator(fa_allocate_fn allocate, fa_release_fn release, void* context) {
+  return guarded([&] {
+    require((allocate == nullptr) == (release == nullptr),
+            "fa_set_scratch_allocator: allocate and release must both be set, or both NULL (the default pool)");
+#ifdef FA_HAVE_CUDA
+    fa::set_scratch_allocator({allocate, release, context});
+#else
+    (void)context;
+#endif
+  });
 }
 
 }  // extern "C"
