@@ -25,12 +25,14 @@ def check(cond, what):
 check(notebooks_fa.forward is fa.forward and notebooks_fa.library is fa.library
       and set(fa.__all__) <= set(dir(notebooks_fa)), "notebooks/fa.py re-exports fa_attention")
 
-# Where the library is looked for: $FA_LIB alone when set, else build/ and build-gpu/ of the
-# repository; a missing library is an error that names every place looked at.
+# Where the library is looked for: $FA_LIB alone when set, else the package's folder (an
+# installed wheel), then build/ and build-gpu/ of the repository; a missing library is an
+# error that names every place looked at.
 saved = os.environ.pop("FA_LIB", None)
 candidates = fa.library_candidates()
-check(candidates[:2] == [root / "build" / "stages" / "libfa_c.so", root / "build-gpu" / "stages" / "libfa_c.so"],
-      f"library looked for in build/, build-gpu/ first: {candidates[:2]}")
+check(candidates[:3] == [root / "python" / "fa_attention" / "libfa_c.so", root / "build" / "stages" / "libfa_c.so",
+                         root / "build-gpu" / "stages" / "libfa_c.so"],
+      f"library looked for in the package, then build/, build-gpu/: {candidates[:3]}")
 os.environ["FA_LIB"] = "/nonexistent/libfa_c.so"
 try:
     fa.core._default_path()

@@ -6,8 +6,8 @@
 
 Arrays are float32 in the layouts of docs/design.md §3: Q, O [batch, heads, seq_q, d];
 K, V [batch, kv_heads, seq_k, d]; L [batch, heads, seq_q]. The library is found through
-the environment variable FA_LIB, else at build/stages/libfa_c.so or build-gpu/stages/libfa_c.so
-under the repository that holds this package, else under the current directory or one of
+the environment variable FA_LIB, else in this package's folder (an installed wheel), else at
+build/stages/libfa_c.so or build-gpu/stages/libfa_c.so under the repository that holds this package, else under the current directory or one of
 its parents (library_candidates() lists them in order). Errors from the library raise
 FaError with the library's message.
 """
@@ -35,16 +35,16 @@ class Problem(ctypes.Structure):
 
 
 def library_candidates():
-    """Where library() looks for libfa_c.so, in order: $FA_LIB alone when it is set; else
-    build/ and build-gpu/ (the "default" and "gpu" CMake presets) of the repository that
-    holds this package (python/fa_attention/ in it), then of the current directory and its
-    parents."""
+    """Where library() looks for libfa_c.so, in order: $FA_LIB alone when it is set; else this
+    package's folder (where `pip install ./python` puts it); else build/ and build-gpu/ (the
+    "default" and "gpu" CMake presets) of the repository that holds this package
+    (python/fa_attention/ in it), then of the current directory and its parents."""
     if os.environ.get("FA_LIB"):
         return [pathlib.Path(os.environ["FA_LIB"])]
     roots = [pathlib.Path(__file__).resolve().parents[2]]
     cwd = pathlib.Path.cwd().resolve()
     roots += [cwd, *cwd.parents]
-    found = []
+    found = [pathlib.Path(__file__).resolve().parent / "libfa_c.so"]
     for root in roots:
         for build in ("build", "build-gpu"):
             path = root / build / "stages" / "libfa_c.so"

@@ -39,7 +39,7 @@ def torch_library_candidates():
         return [pathlib.Path(os.environ["FA_TORCH_LIB"])]
     found = [pathlib.Path(__file__).resolve().parent / "libfa_torch.so"]
     for c_lib in core.library_candidates():
-        path = c_lib.parent.parent / "python" / "libfa_torch.so"
+        path = c_lib.parent.parent / "python" / "libfa_torch.so"  # <build>/stages/ -> <build>/python/
         if path not in found:
             found.append(path)
     return found
