@@ -6,7 +6,9 @@ forward and stage 11's backward, "09" elsewhere) against F.scaled_dot_product_at
 torch's default backend choice, and held to its cuDNN and its flash (FlashAttention-2)
 backends, bf16, causal and not, forward and forward + backward, through the same timer:
 triton's do_bench when it is there (CUDA events around each call, the L2 flushed between
-calls), else CUDA events over a loop; three rounds in rotated order, the median of each. A call's time includes its host work, so at small
+calls), else CUDA events over a loop; three rounds in rotated order, the median of each.
+At the per-call shape the host's time per call is measured too (host_us: calls issued back to
+back without waiting). A call's time includes its host work, so at small
 shapes the per-call cost shows.
 
 Shapes (B, H, N, d): (1, 1, 64, 64) for the per-call cost, the GPT layers (16, 6, 1024, 64)
@@ -31,6 +33,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +66,22 @@ def timer():
                 times.append(start.elapsed_time(end) * 1e3)
             return sorted(times)[len(times) // 2]
         return "cuda events", events
+
+
+def host_time(call, calls=300):
+    """Microseconds of host work per call: the median of five runs of `calls` calls issued
+    without waiting for the GPU (whose work per call is shorter than the host's here)."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return sorted(runs)[2]
 
 
 def flops(b, h, n, d, causal, backward):
@@ -174,13 +193,20 @@ def main():
                 for r in range(ROUNDS):
                     for name in names[r % len(names):] + names[:r % len(names)]:
                         times[name].append(bench(calls[name]))
+                # Host time per call: calls issued back to back with no wait, while the GPU keeps
+                # up (only at the per-call shape, where a call's GPU work is a few microseconds).
+                host = {}
+                if (b, h, n, d) == SHAPES[0]:
+                    for name in names:
+                        host[name] = host_time(calls[name])
                 for name in names:
                     us = sorted(times[name])[len(times[name]) // 2]
                     tflops = flops(b, h, n, d, causal, backward) / (us * 1e-6) / 1e12
                     rows.append(dict(device=device, torch=torch.__version__, commit=commit, date=date,
                                      timer=timer_name, stage=op_stage, batch=b, heads=h, seq=n, head_dim=d,
                                      causal=int(causal), dtype="bf16", pass_="fwd+bwd" if backward else "fwd",
-                                     impl=name, time_us=round(us, 2), tflops=round(tflops, 1)))
+                                     impl=name, time_us=round(us, 2), tflops=round(tflops, 1),
+                                     host_us=round(host[name], 2) if name in host else ""))
                     print(f"{name:>14} {b}x{h}x{n}x{d} causal={int(causal)} {'fwd+bwd' if backward else 'fwd':7} "
                           f"{us:9.1f} us {tflops:7.1f} TFLOP/s")
     # Each row's speed against the default backend at the same point (time_default / time).
@@ -190,7 +216,7 @@ def main():
         t = base.get((r["batch"], r["heads"], r["seq"], r["head_dim"], r["causal"], r["pass_"]))
         r["x_default"] = round(t / r["time_us"], 3) if t else ""
     fields = ["device", "torch", "commit", "date", "timer", "stage", "batch", "heads", "seq", "head_dim", "causal",
-              "dtype", "pass", "impl", "time_us", "tflops", "x_default"]
+              "dtype", "pass", "impl", "time_us", "tflops", "x_default", "host_us"]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)

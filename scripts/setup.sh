@@ -38,7 +38,7 @@ fi
 if ((quick == 1)); then
   if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_ENABLE_CUDA=OFF \
-      -DFA_BUILD_DOCS=OFF >/dev/null
+      -DFA_BUILD_DOCS=OFF -DFA_BUILD_TORCH=OFF >/dev/null
   fi
   exit 0
 fi
