@@ -66,7 +66,7 @@ stubbed="$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[
 if [ ! -f "$build/CMakeCache.txt" ]; then
   step "configuring $build (CPU only)"
   cmake -S "$tree" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_ENABLE_CUDA=OFF \
-    -DFA_BUILD_DOCS=OFF >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "cmake configure of the student tree"; }
+    -DFA_BUILD_DOCS=OFF -DFA_BUILD_TORCH=OFF >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "cmake configure of the student tree"; }
 fi
 for n in $stubbed; do
   [ "$((10#$n))" -lt 7 ] || continue
@@ -111,7 +111,7 @@ if [ -n "$gpu_stages" ] && [ "${FA_LAB_CUDA:-1}" != 0 ] && command -v nvcc >/dev
   archs="${FA_LAB_CUDA_ARCHS:-80}"
   if ! grep -Eqx "CMAKE_CUDA_ARCHITECTURES:[A-Z]+=$archs" "$build_cuda/CMakeCache.txt" 2>/dev/null; then
     step "configuring $build_cuda (CUDA, sm_$archs)"
-    cmake -S "$tree" -B "$build_cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
+    cmake -S "$tree" -B "$build_cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF -DFA_BUILD_TORCH=OFF \
       "-DCMAKE_CUDA_ARCHITECTURES=$archs" >"$work/configure-cuda.log" 2>&1 ||
       { cat "$work/configure-cuda.log"; fail "cmake configure with CUDA"; }
   fi
