@@ -4,11 +4,12 @@
 Times fa_attention.torch_ops.attention (the native op; stage "11" on Hopper: stage 10's
 forward and stage 11's backward, "09" elsewhere) against F.scaled_dot_product_attention with
 torch's default backend choice, and held to its cuDNN and its flash (FlashAttention-2)
-backends, bf16, causal and not, forward and forward + backward, through the same timer:
-triton's do_bench when it is there (CUDA events around each call, the L2 flushed between
-calls), else CUDA events over a loop; three rounds in rotated order, the median of each.
-At the per-call shape the host's time per call is measured too (host_us: calls issued back to
-back without waiting). A call's time includes its host work, so at small
+backends, bf16, causal and not, forward and forward + backward, through one timer: the
+implementations take turns call by call (CUDA events around each call, the L2 flushed before
+it), so the GPU clock's drift under load reaches all of them alike; the median of each. The
+GPU time of a call hides its host work when the GPU is busy (the flush), so at the per-call
+shape the host's time per call is measured too (host_us: calls issued back to back without
+waiting): that is the per-call cost. A call's time includes its host work, so at small
 shapes the per-call cost shows.
 
 Shapes (B, H, N, d): (1, 1, 64, 64) for the per-call cost, the GPT layers (16, 6, 1024, 64)
@@ -31,6 +32,7 @@ import csv
 import datetime
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -44,28 +46,35 @@ from fa_attention.torch_ops import attention  # noqa: E402
 
 SHAPES = [(1, 1, 64, 64), (16, 6, 1024, 64), (8, 12, 2048, 64), (4, 16, 4096, 128), (1, 16, 16384, 128),
           (2, 8, 8192, 256)]
-ROUNDS = 3
 BACKENDS = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def timer():
-    try:
-        from triton.testing import do_bench
-        return "triton.do_bench", lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-    except ImportError:
-        def events(fn, reps=50):
-            for _ in range(5):
-                fn()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(reps):
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            return sorted(times)[len(times) // 2]
-        return "cuda events", events
+def interleaved(calls, budget_s=0.6):
+    """Median GPU time (µs) of each call, timed in turns: call A, call B, ..., then A again,
+    each between two CUDA events with the L2 flushed before it, so that the GPU's clock,
+    which drifts by up to 10% under sustained load, drifts under all of them alike. The number
+    of turns fills about budget_s (5 to 100)."""
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")  # 256 MB, more than L2
+    names = list(calls)
+    for name in names:  # warm-up, and one timed call each to size the turns
+        calls[name]()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for name in names:
+        calls[name]()
+    torch.cuda.synchronize()
+    turns = max(5, min(100, int(budget_s / max(time.perf_counter() - start, 1e-6))))
+    events = {name: [] for name in names}
+    for i in range(turns):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            flush.zero_()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            calls[name]()
+            end.record()
+            events[name].append((begin, end))
+    torch.cuda.synchronize()
+    return {name: statistics.median(b.elapsed_time(e) * 1e3 for b, e in events[name]) for name in names}
 
 
 def host_time(call, calls=300):
@@ -140,7 +149,7 @@ def main():
         return 0
     if not args.out:
         ap.error("--out is needed (or --profile)")
-    timer_name, bench = timer()
+    timer_name = "interleaved CUDA events, L2 flushed"
     device = torch.cuda.get_device_name()
     commit = os.environ.get("FA_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
@@ -186,13 +195,8 @@ def main():
                     except Exception as e:  # a backend that does not take this shape
                         print(f"skip {name} {b}x{h}x{n}x{d} causal={causal} bwd={backward}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:120]}")
-                # Rounds in rotated order, the median of each implementation's rounds: the GPU's
-                # clock drifts under sustained load, and no implementation always runs last.
-                times = {name: [] for name in calls}
                 names = list(calls)
-                for r in range(ROUNDS):
-                    for name in names[r % len(names):] + names[:r % len(names)]:
-                        times[name].append(bench(calls[name]))
+                medians = interleaved(calls)
                 # Host time per call: calls issued back to back with no wait, while the GPU keeps
                 # up (only at the per-call shape, where a call's GPU work is a few microseconds).
                 host = {}
@@ -200,7 +204,7 @@ def main():
                     for name in names:
                         host[name] = host_time(calls[name])
                 for name in names:
-                    us = sorted(times[name])[len(times[name]) // 2]
+                    us = medians[name]
                     tflops = flops(b, h, n, d, causal, backward) / (us * 1e-6) / 1e12
                     rows.append(dict(device=device, torch=torch.__version__, commit=commit, date=date,
                                      timer=timer_name, stage=op_stage, batch=b, heads=h, seq=n, head_dim=d,
