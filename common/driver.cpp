@@ -82,6 +82,7 @@ int run_stage(int argc, char** argv, const StageInfo& stage) {
   app.add_flag("--backward", backward, "also run and check the backward pass");
   app.add_flag("--no-check", no_check, "skip the comparison with the reference");
   if (stage.add_options) stage.add_options(app);
+  refuse_empty_values(app);
 
   try {
     app.parse(argc, argv);
@@ -195,6 +196,14 @@ int run_stage(int argc, char** argv, const StageInfo& stage) {
 }
 
 }  // namespace
+
+void refuse_empty_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& value) { return value.empty() ? std::string("an empty value is not allowed") : std::string(); },
+      "", "NON-EMPTY");
+  for (CLI::Option* option : app.get_options())
+    if (option->get_type_size_max() > 0) option->check(non_empty);
+}
 
 int run_stage_cli(int argc, char** argv, const StageInfo& stage) {
   try {

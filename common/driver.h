@@ -12,9 +12,17 @@
 
 #include "stage.h"
 
+namespace CLI {
+class App;
+}
+
 namespace fa {
 
 int run_stage_cli(int argc, char** argv, const StageInfo& stage);
+
+/// Makes every option of `app` that takes a value refuse an empty one (`--seq-q ""`), which
+/// CLI11 would otherwise read as 0. Call it after the last option is added.
+void refuse_empty_values(CLI::App& app);
 
 /// Reference FLOPs the driver is willing to spend on a check before it checks only the
 /// first batches (or none) of a large benchmark problem. The environment variable

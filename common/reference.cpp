@@ -24,6 +24,11 @@ RefMode baseline_mode(Dtype t) {
   return RefMode::F32;
 }
 
+std::vector<RefMode> baseline_modes(Dtype t) {
+  if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
+  return {baseline_mode(t)};
+}
+
 namespace {
 
 template <typename Scalar>
@@ -49,6 +54,27 @@ Mat<Scalar> load(RefMode mode, const float* base, int64_t rows, int64_t cols) {
   return x;
 }
 
+// Products in index order (F32InOrder): every element of C is its sum taken one term after
+// another, k = 0, 1, …, as a plain loop adds. Written as rows of axpys, so the k-sum of
+// each element is still in order while the loop over its row vectorises.
+// C = A·B over the first n(i) columns of row i of A   ([rows, K]·[K, cols] → [rows, cols])
+template <typename Scalar, typename KeysOfRow>
+Mat<Scalar> times_in_order(const Mat<Scalar>& A, const Mat<Scalar>& B, KeysOfRow n) {
+  Mat<Scalar> C = Mat<Scalar>::Zero(A.rows(), B.cols());
+  for (int64_t i = 0; i < A.rows(); ++i)
+    for (int64_t k = 0; k < n(i); ++k) C.row(i) += A(i, k) * B.row(k);
+  return C;
+}
+// C = Aᵀ·B with row i of A taking part over its first n(i) columns, summed over i in order
+// ([rows, K]ᵀ·[rows, cols] → [K, cols])
+template <typename Scalar, typename KeysOfRow>
+Mat<Scalar> transpose_times_in_order(const Mat<Scalar>& A, const Mat<Scalar>& B, KeysOfRow n) {
+  Mat<Scalar> C = Mat<Scalar>::Zero(A.cols(), B.cols());
+  for (int64_t i = 0; i < A.rows(); ++i)
+    for (int64_t k = 0; k < n(i); ++k) C.row(k) += A(i, k) * B.row(i);
+  return C;
+}
+
 template <typename Scalar>
 void store(std::vector<double>& dst, int64_t offset, const Mat<Scalar>& x) {
   Eigen::Map<Mat<double>>(dst.data() + offset, x.rows(), x.cols()) = x.template cast<double>();
@@ -59,6 +85,7 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
               RefMode mode, bool want_P) {
   p.validate("reference");
   const bool backward = dO != nullptr;
+  const bool in_order = mode == RefMode::F32InOrder;
   const int64_t d = p.head_dim, Nq = p.seq_q, Nk = p.seq_k;
   const Scalar scale = Scalar(p.softmax_scale());
   const Scalar inf = std::numeric_limits<Scalar>::infinity();
@@ -89,13 +116,20 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
     for (int hk = 0; hk < p.kv_heads; ++hk) {
       const Mat<Scalar> Kh = load<Scalar>(mode, K + p.kv_offset(b, hk, 0), Nk, d);  // [N_k, d]
       const Mat<Scalar> Vh = load<Scalar>(mode, V + p.kv_offset(b, hk, 0), Nk, d);  // [N_k, d]
+      Mat<Scalar> KhT, VhT;  // [d, N_k], for the products in index order
+      if (in_order) {
+        KhT = Kh.transpose();
+        VhT = Vh.transpose();
+      }
       Mat<Scalar> dK_acc = Mat<Scalar>::Zero(Nk, d), dV_acc = Mat<Scalar>::Zero(Nk, d);
 
       for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
         for (int64_t r0 = 0; r0 < Nq; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, Nq - r0);
           const Mat<Scalar> Qr = load<Scalar>(mode, Q + p.q_offset(b, h, r0), rows, d);
-          Mat<Scalar> S = scale * (Qr * Kh.transpose());  // [rows, N_k]
+          const auto all_d = [&](int64_t) { return d; };
+          Mat<Scalar> S =  // [rows, N_k]
+              scale * (in_order ? times_in_order(Qr, KhT, all_d) : Mat<Scalar>(Qr * Kh.transpose()));
           Mat<Scalar> Pm(rows, Nk);                       // P of this row block
           Eigen::Matrix<Scalar, Eigen::Dynamic, 1> row_max(rows), row_sum(rows);
           // Keys each row takes part with: the keys it sees, or none when every logit it
@@ -135,7 +169,9 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           // not reach it: the full product would add 0·NaN = NaN for a masked key whose K or
           // V holds a NaN or an inf. With finite operands the full product is the same.
           // A·B over those keys ([rows, N_k]·[N_k, d]):
+          const auto used = [&](int64_t i) { return n_used[size_t(i)]; };
           const auto seen_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
+            if (in_order) return times_in_order(A, B, used);
             if (B.allFinite()) return Mat<Scalar>(A * B);
             Mat<Scalar> C = Mat<Scalar>::Zero(rows, B.cols());
             for (int64_t i = 0; i < rows; ++i) {
@@ -147,6 +183,7 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           // Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's gradient
           // comes only from the rows that see it.
           const auto seen_transpose_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
+            if (in_order) return transpose_times_in_order(A, B, used);
             if (B.allFinite()) return Mat<Scalar>(A.transpose() * B);
             Mat<Scalar> C = Mat<Scalar>::Zero(Nk, B.cols());
             for (int64_t i = 0; i < rows; ++i) {
@@ -179,10 +216,15 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           round_to(mode, P_in);
           const Mat<Scalar> dOr = load<Scalar>(mode, dO + p.q_offset(b, h, r0), rows, d);
           round_to(mode, Or);  // a kernel computes D from the O it stored
-          const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr =
-              dOr.cwiseProduct(Or).rowwise().sum();                    // D = rowsum(dO∘O)
+          Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr = dOr.cwiseProduct(Or).rowwise().sum();  // D = rowsum(dO∘O)
+          if (in_order)
+            for (int64_t i = 0; i < rows; ++i) {
+              Dr(i) = 0;
+              for (int64_t c = 0; c < d; ++c) Dr(i) += dOr(i, c) * Or(i, c);
+            }
           dV_acc += seen_transpose_times(P_in, dOr);                   // dV += Pᵀ dO
-          const Mat<Scalar> dP = dOr * Vh.transpose();                 // dP = dO Vᵀ
+          const Mat<Scalar> dP =                                       // dP = dO Vᵀ
+              in_order ? times_in_order(dOr, VhT, all_d) : Mat<Scalar>(dOr * Vh.transpose());
           Mat<Scalar> dS = P_bwd.cwiseProduct(dP.colwise() - Dr);      // dS = P∘(dP − D)
           for (int64_t i = 0; i < rows; ++i)  // 0 on keys the row does not take part with
             dS.row(i).tail(Nk - n_used[size_t(i)]).setZero();
@@ -206,13 +248,13 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
 
 Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
                             RefMode mode, bool want_P) {
-  if (mode == RefMode::F32) return run<float>(p, Q, K, V, nullptr, mode, want_P);
+  if (mode == RefMode::F32 || mode == RefMode::F32InOrder) return run<float>(p, Q, K, V, nullptr, mode, want_P);
   return run<double>(p, Q, K, V, nullptr, mode, want_P);
 }
 
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
                              const float* dO, RefMode mode) {
-  if (mode == RefMode::F32) return run<float>(p, Q, K, V, dO, mode, false);
+  if (mode == RefMode::F32 || mode == RefMode::F32InOrder) return run<float>(p, Q, K, V, dO, mode, false);
   return run<double>(p, Q, K, V, dO, mode, false);
 }
 

@@ -14,12 +14,17 @@ namespace fa {
 
 /// The arithmetic the reference is evaluated in.
 ///  - Exact: double precision everywhere. This is "the truth" a stage is compared with.
-///  - F32: a plain single-precision evaluation (same formulas, float arithmetic). Its
-///    distance from Exact is the error budget of fp32 stages (see compare.h).
+///  - F32: a plain single-precision evaluation (same formulas, float arithmetic, Eigen's
+///    blocked matrix products). Its distance from Exact is part of the error budget of fp32
+///    stages (see compare.h).
+///  - F32InOrder: the same, with every sum taken one term after another in index order, as
+///    a plain loop adds (`for c: dot += q[c]·k[c]`). Recursive summation has the largest
+///    error bound of all orders (γ_{n−1}·Σ|terms| against γ_{⌈log₂n⌉}·Σ|terms| for pairwise),
+///    so an fp32 stage is held to the worse of F32 and F32InOrder (compare.h).
 ///  - F16 / BF16: double arithmetic on inputs rounded to the type, with P (and dS, and O
 ///    before D) rounded to the type before they enter a matrix product, as a tensor-core
 ///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
-enum class RefMode { Exact, F32, F16, BF16 };
+enum class RefMode { Exact, F32, F32InOrder, F16, BF16 };
 
 /// Reference outputs, in double. Tensors have the layouts of docs/design.md §3.
 struct Reference {
@@ -40,7 +45,13 @@ Reference reference_forward(const Problem& p, const float* Q, const float* K, co
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
                              const float* dO, RefMode mode = RefMode::Exact);
 
-/// The reference mode whose error budget applies to a stage computing in `t`.
+/// The reference mode of the plain same-precision evaluation for a stage computing in `t`
+/// (F32, F16 or BF16).
 RefMode baseline_mode(Dtype t);
+
+/// Every reference mode whose error budget applies to a stage computing in `t`: F32 and
+/// F32InOrder for f32; F16 or BF16 alone for the 16-bit types (their inputs' rounding, not
+/// the order of fp32 sums, sets their budget).
+std::vector<RefMode> baseline_modes(Dtype t);
 
 }  // namespace fa

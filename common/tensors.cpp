@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 #include <sstream>
@@ -29,24 +31,34 @@ Dist parse_dist(const std::string& s) {
 }
 
 int64_t physical_memory_bytes() {
+  if (const char* e = std::getenv("FA_HOST_MEMORY_BYTES"); e != nullptr && *e != '\0')
+    return std::strtoll(e, nullptr, 10);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : INT64_MAX;
 }
 
 namespace {
-// Refuses `bytes` more than the machine's memory before anything is allocated: a vector
-// larger than memory may still be granted (overcommit) and then kill the process when
-// its zeros are written.
-void require_fits_in_memory(double bytes, const std::string& what) {
-  const double have = double(physical_memory_bytes());
-  if (bytes <= have) return;
-  std::ostringstream s;
-  s.precision(3);
-  s << what << " needs " << bytes / double(1 << 30) << " GiB, more than this machine's "
-    << have / double(1 << 30) << " GiB of memory";
-  throw OutOfMemory(s.str());
+// Bytes of memory this process holds now (its resident set; 0 when it cannot be read).
+double resident_bytes() {
+  long size = 0, resident = 0;
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  const bool ok = std::fscanf(f, "%ld %ld", &size, &resident) == 2;
+  std::fclose(f);
+  return ok ? double(resident) * double(sysconf(_SC_PAGE_SIZE)) : 0;
 }
 }  // namespace
+
+void require_fits_in_memory(double bytes, const std::string& what) {
+  const double have = double(physical_memory_bytes()), held = resident_bytes();
+  if (bytes + held <= have) return;
+  const double GiB = double(1 << 30);
+  std::ostringstream s;
+  s.precision(3);
+  s << what << " needs " << bytes / GiB << " GiB, more than this machine's " << have / GiB << " GiB of memory";
+  if (bytes <= have) s << " less the " << held / GiB << " GiB this process already holds";
+  throw OutOfMemory(s.str());
+}
 
 std::vector<float> allocate(int64_t elems, const std::string& what) {
   if (elems < 0) throw std::invalid_argument(what + ": negative size " + std::to_string(elems));

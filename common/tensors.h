@@ -20,12 +20,19 @@ const char* dist_name(Dist d);
 /// Parses "normal", "uniform", "large"; throws std::invalid_argument otherwise.
 Dist parse_dist(const std::string& s);
 
-/// This machine's physical memory in bytes (INT64_MAX when it cannot be read).
+/// This machine's physical memory in bytes (INT64_MAX when it cannot be read). The
+/// environment variable FA_HOST_MEMORY_BYTES, when set, replaces it: a test poses as a
+/// machine of that size (and so reaches a refusal without the memory it would take).
 int64_t physical_memory_bytes();
 
-/// A dense fp32 host buffer. A buffer larger than physical memory is refused before it is
-/// allocated. Allocation failure throws OutOfMemory (errors.h) with the size
-/// it needed.
+/// Refuses (OutOfMemory, naming `what` and the sizes) `bytes` more that do not fit in this
+/// machine's memory beside what the process already holds. Buffers allocated one after
+/// another are checked here as their sum, before the first is allocated: a buffer that fits
+/// alone may still be granted (overcommit), and its zeros then take memory the next one needs.
+void require_fits_in_memory(double bytes, const std::string& what);
+
+/// A dense fp32 host buffer, checked with require_fits_in_memory() before it is allocated.
+/// Allocation failure throws OutOfMemory (errors.h) with the size it needed.
 std::vector<float> allocate(int64_t elems, const std::string& what);
 
 /// Everything one forward + backward run reads and writes, on the host, in fp32.

@@ -9,7 +9,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -163,4 +165,33 @@ TEST_CASE("threads and sram_bytes: 0 restores the default, out-of-range values a
   CHECK(fa_set_option(kStage06, "sram_bytes", 0) == 0);
   CHECK(fa_get_counter(kStage06, "sram_bytes", &v) == 0);
   CHECK(v == 256 * 1024);
+}
+
+// fa_last_error() is per thread: every thread provokes its own error, waits until all have
+// (so that each message has been written before any is read), then reads back its own.
+// With one message shared by the threads, all but the last writer would read another's.
+TEST_CASE("every thread reads its own last error") {
+  const int n = 8;
+  std::mutex mutex;
+  std::condition_variable all_failed;
+  int failed_so_far = 0;
+  std::vector<int> rc(n);
+  std::vector<std::string> message(n);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i)
+      threads.emplace_back([&, i] {
+        rc[size_t(i)] = fa_set_option(kStage06, "threads", 2000 + i);  // refused: names 2000 + i
+        std::unique_lock<std::mutex> lock(mutex);
+        if (++failed_so_far == n) all_failed.notify_all();
+        all_failed.wait(lock, [&] { return failed_so_far == n; });
+        message[size_t(i)] = fa_last_error();
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < n; ++i) {
+    INFO("thread " << i << " read: " << message[size_t(i)]);
+    CHECK(rc[size_t(i)] == FA_ERR_INVALID);
+    CHECK(message[size_t(i)].find("threads = " + std::to_string(2000 + i) + " is not allowed") != std::string::npos);
+  }
 }

@@ -1,16 +1,25 @@
 """The GPT capstone (python/examples/gpt) on the CPU: run_all.py --tiny with stage 06 and sdpa.
 
-Two checks:
+Three checks:
 - the gradients: one forward and backward of the tiny text model from the same weights on the
   same batch, with stage 06 and with sdpa (both fp32): the losses agree to 1e-6 and every
   parameter's gradient to 1e-5 (relative, in norm). A wrong forward or backward of the stage
   breaks this; only rounding separates the two.
-- the runs: both tasks train a tiny model for 30 steps with each backend; stage 06's loss at
-  step 0 agrees with sdpa's to 1e-6, every later step's to 1e-3, the loss decreases, and the
-  CSVs, the summary and the figure are written. The later steps get a wider bound than the
-  gradients because AdamW magnifies rounding: a weight whose gradient is near zero moves by
-  about lr·sign(gradient), so two exact attentions part by ~1e-4 after 30 steps on some CPUs
-  (2.1e-4 seen on the GPU machine's), while a wrong gradient parts them by far more.
+- the same along a training run, in lock-step: sdpa trains each task's tiny model for 30 steps,
+  and at every step stage 06 computes the loss and the gradients from sdpa's weights on sdpa's
+  batch. Rounding cannot accumulate: each step starts from the same weights. The bound comes
+  from a control in the same process, an exact attention (sdpa in float64, rounded to fp32)
+  on the same weights: its distance c from sdpa is sdpa's own rounding at this step on this
+  machine. Stage 06 may be twice as far from exact as sdpa (the harness's rule), so at most
+  3·c from sdpa, plus 8 units in the last place of the loss (the loss is one fp32 number).
+  Measured on a 2-core AMD EPYC: every step within 0.45 of the bound (the closest: the
+  gradient of 06 at 6.0e-7 from sdpa's, relative in norm, the control's at 2.8e-7).
+- the runs: both tasks train a tiny model for 30 steps with each backend, independently (as
+  run_all.py does); stage 06's loss at step 0 agrees with sdpa's to 1e-6, each backend's loss
+  decreases, and the CSVs, the summary and the figure are written. Later steps of the two runs
+  are not compared: AdamW turns rounding into sign flips of the updates of weights whose gradient
+  is near zero (each moves by about lr·sign(gradient)), so two exact attentions part by 1e-5 on
+  one CPU and by 7e-3 on another. The lock-step check covers those steps instead.
 
 Runs as a script (CTest python_gpt; exit 77 = skipped when torch is not installed, as in CI)
 or under pytest (skipped likewise).
@@ -41,16 +50,26 @@ def check_task(rows, task):
     ours, base = by_backend["06"], by_backend["sdpa"]
     assert len(ours) == len(base) == STEPS, f"{task}: {len(ours)} and {len(base)} steps, expected {STEPS}"
     first = abs(ours[0]["loss"] - base[0]["loss"]) / base[0]["loss"]
-    worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(ours, base))
-    ok = first < 1e-6 and worst < 1e-3
-    print(f"{'ok  ' if ok else 'FAIL'} {task}: stage 06 against sdpa, relative loss difference "
-          f"{first:.1e} at step 0, at most {worst:.1e} over {STEPS} steps")
+    print(f"{'ok  ' if first < 1e-6 else 'FAIL'} {task}: stage 06 against sdpa, relative loss difference "
+          f"{first:.1e} at step 0")
     assert first < 1e-6, f"{task}: losses of 06 and sdpa differ by {first:.1e} (relative) at step 0"
-    assert worst < 1e-3, f"{task}: losses of 06 and sdpa differ by {worst:.1e} (relative)"
-    first, last = base[0]["loss"], sum(r["loss"] for r in base[-5:]) / 5
-    print(f"{'ok  ' if last < first - 0.5 else 'FAIL'} {task}: loss {first:.3f} at step 0, "
-          f"{last:.3f} over the last 5 steps")
-    assert last < first - 0.5, f"{task}: the loss did not decrease ({first:.3f} -> {last:.3f})"
+    for name, rows in (("sdpa", base), ("06", ours)):
+        first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-5:]) / 5
+        print(f"{'ok  ' if last < first - 0.5 else 'FAIL'} {task}, {name}: loss {first:.3f} at step 0, "
+              f"{last:.3f} over the last 5 steps")
+        assert last < first - 0.5, f"{task}, {name}: the loss did not decrease ({first:.3f} -> {last:.3f})"
+
+
+def differences(ref, ours):
+    """(relative loss difference, parameter, its relative gradient difference in norm) of two
+    models whose losses have been computed and backpropagated: the parameter that differs most."""
+    (loss_ref, model_ref), (loss_06, model_06) = ref, ours
+    d_loss = abs(loss_06.item() - loss_ref.item()) / loss_ref.item()
+    grads_06 = dict(model_06.named_parameters())
+    d_grad = {n: ((grads_06[n].grad - p.grad).norm() / p.grad.norm()).item()
+              for n, p in model_ref.named_parameters() if p.grad is not None and p.grad.norm() > 0}
+    name, worst = max(d_grad.items(), key=lambda kv: kv[1])
+    return d_loss, name, worst
 
 
 def test_gradients():
@@ -68,16 +87,66 @@ def test_gradients():
         model = GPT(s["cfg"], attention_backend(backend))
         _, loss = model(inputs, targets)
         loss.backward()
-        results[backend] = (loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()})
-    (loss_ref, grads_ref), (loss_06, grads_06) = results["sdpa"], results["06"]
-    d_loss = abs(loss_06 - loss_ref) / loss_ref
-    d_grad = {n: ((grads_06[n] - g).norm() / g.norm()).item() for n, g in grads_ref.items() if g.norm() > 0}
-    name, worst = max(d_grad.items(), key=lambda kv: kv[1])
+        results[backend] = (loss, model)
+    d_loss, name, worst = differences(results["sdpa"], results["06"])
     ok = d_loss < 1e-6 and worst < 1e-5
     print(f"{'ok  ' if ok else 'FAIL'} gradients: stage 06 against sdpa, loss {d_loss:.1e}, "
-          f"largest gradient difference {worst:.1e} ({name}), {len(d_grad)} parameters")
+          f"largest gradient difference {worst:.1e} ({name})")
     assert d_loss < 1e-6, f"loss of 06 and sdpa differ by {d_loss:.1e} (relative)"
     assert worst < 1e-5, f"gradient of {name}: 06 and sdpa differ by {worst:.1e} (relative, in norm)"
+
+
+def exact_attention(q, k, v):
+    """The control: sdpa in float64, rounded to fp32 (exact to fp32's last place)."""
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).float()
+
+
+def test_lockstep():
+    """Stage 06 along sdpa's training run: at each of 30 steps of each task, the loss and the
+    gradient with stage 06 from sdpa's weights on sdpa's batch, within 3 times the distance of
+    an exact attention's (the control's) from sdpa's, plus 8 ulps of the loss."""
+    import run_all
+    from model import GPT, attention_backend
+    from train import Trainer
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    floor = 8 * 2.0 ** -24
+    flat = lambda model: torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    for task, s in run_all.task_settings(tiny=True).items():
+        data = run_all.make_data(task, s, seed=0, steps=STEPS)
+        trainer = Trainer(data, s["cfg"], "sdpa", "cpu", s["lr"], total_steps=STEPS, seed=0)
+        ours, control = GPT(s["cfg"], attention_backend("06")), GPT(s["cfg"], exact_attention)
+        worst = {}  # "loss" / "gradient" -> (06's distance / its bound, step, 06's distance, control's)
+        for step in range(STEPS):
+            inputs, targets = trainer.to_device(data.train_batch(step))
+            # Trainer.train_step, with the others' losses and gradients taken before the update.
+            for group in trainer.opt.param_groups:
+                group["lr"] = trainer.lr_at(step)
+            _, loss_ref = trainer.model(inputs, targets)
+            trainer.opt.zero_grad(set_to_none=True)
+            loss_ref.backward()
+            grad_ref = flat(trainer.model)
+            distance = {}
+            for name, model in (("06", ours), ("control", control)):
+                model.load_state_dict(trainer.model.state_dict())
+                model.zero_grad(set_to_none=True)
+                _, loss = model(inputs, targets)
+                loss.backward()
+                distance[name] = (abs(loss.item() - loss_ref.item()) / loss_ref.item(),
+                                  ((flat(model) - grad_ref).norm() / grad_ref.norm()).item())
+            for i, what in enumerate(("loss", "gradient")):
+                d_06, d_control = distance["06"][i], distance["control"][i]
+                ratio = d_06 / (3 * d_control + floor)
+                if ratio >= worst.get(what, (-1,))[0]:
+                    worst[what] = (ratio, step, d_06, d_control)
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
+            trainer.opt.step()
+        for what, (ratio, step, d_06, d_control) in worst.items():
+            print(f"{'ok  ' if ratio <= 1 else 'FAIL'} {task}, lock-step over {STEPS} steps: the {what} of 06 "
+                  f"lies {d_06:.1e} from sdpa's, the control's {d_control:.1e} at step {step}, the step "
+                  f"closest to the bound 3 x control + 8 ulps: {ratio:.2f} of it")
+            assert ratio <= 1, (f"{task}: at step {step} the {what} of 06 lies {d_06:.1e} from sdpa's, more than "
+                                f"3 x {d_control:.1e} (the exact control's distance) + 8 ulps")
 
 
 def test_tiny_run():
@@ -105,6 +174,7 @@ def main():
         print("skip: torch is not installed")
         return 77
     test_gradients()
+    test_lockstep()
     test_tiny_run()
     print("all passed")
     return 0

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <string>
 
 #include "check.h"
 #include "reference.h"
@@ -56,7 +58,7 @@ TEST_CASE("reference backward matches central finite differences") {
     const fa::Reference r =
         fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
     struct Grad {
-      const char* name;
+      std::string name;  // a std::string: doctest prints a const char* in INFO as a pointer
       std::vector<float>* x;
       const std::vector<double>* g;
     };
@@ -165,6 +167,109 @@ TEST_CASE("tolerance: twice the same-precision baseline plus a floor of a few ul
   const auto f32 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F32);
   const auto f16 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F16);
   CHECK(fa::tolerance(ex.O, f16.O, fa::Dtype::F16) > 10 * fa::tolerance(ex.O, f32.O, fa::Dtype::F32));
+}
+
+namespace {
+// The outputs of `r` (a reference evaluation) rounded to fp32 into t, as a stage would store them.
+void store_outputs(const fa::Reference& r, fa::Tensors& t) {
+  for (auto [dst, src] : {std::pair{&t.O, &r.O}, std::pair{&t.L, &r.L}, std::pair{&t.dQ, &r.dQ},
+                          std::pair{&t.dK, &r.dK}, std::pair{&t.dV, &r.dV}})
+    for (size_t i = 0; i < src->size(); ++i) (*dst)[i] = float((*src)[i]);
+}
+}  // namespace
+
+// The verdict is taken against the exact reference, with the budget of the stage's own
+// precision. For every dtype: the plain evaluation in that precision (its baseline) passes;
+// an output that stays within the budget of the baseline but moves away from the exact
+// value by more than the budget fails; a coarser precision's baseline fails. A check that
+// compared with the baseline instead of the exact reference passes the second; a budget taken
+// from another precision's baseline fails the first (fp32's, tighter, for fp16) or passes the
+// third (bf16's, looser, for fp32 or fp16).
+TEST_CASE("the verdict: against the exact reference with the budget of the stage's precision") {
+  Problem p = small(false, 33, 70);
+  p.head_dim = 16;
+  fa::Tensors t = fa::Tensors::make(p, 15, fa::Dist::LargeLogits, true);
+  const fa::Reference exact = fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+  for (fa::Dtype dtype : {fa::Dtype::F32, fa::Dtype::F16, fa::Dtype::BF16}) {
+    const fa::Reference base = fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(),
+                                                      fa::baseline_mode(dtype));
+    store_outputs(base, t);
+    fa::CheckReport r = fa::compare_forward(p, dtype, t);
+    for (auto& c : fa::compare_backward(p, dtype, t).items) r.items.push_back(c);
+    INFO(std::string(fa::dtype_name(dtype)) << " baseline, rounded to fp32:\n" << r.summary());
+    CHECK(r.pass());
+
+    struct Out {
+      std::string name;
+      std::vector<float>* got;
+      const std::vector<double>* exact;
+      const std::vector<double>* base;
+    };
+    for (const Out& o : {Out{"O", &t.O, &exact.O, &base.O}, Out{"L", &t.L, &exact.L, &base.L},
+                         Out{"dQ", &t.dQ, &exact.dQ, &base.dQ}, Out{"dK", &t.dK, &exact.dK, &base.dK},
+                         Out{"dV", &t.dV, &exact.dV, &base.dV}}) {
+      // At the entry where the baseline is farthest from exact (by e), the value
+      // exact ± (tol + e/2) on the baseline's side: tol − e/2 from the baseline, tol + e/2 from exact.
+      const double tol = r.at(o.name).tol;
+      size_t at = 0;
+      for (size_t i = 0; i < o.exact->size(); ++i)
+        if (std::abs((*o.base)[i] - (*o.exact)[i]) > std::abs((*o.base)[at] - (*o.exact)[at])) at = i;
+      const float keep = (*o.got)[at];
+      const double e = (*o.base)[at] - (*o.exact)[at];
+      (*o.got)[at] = float((*o.exact)[at] + (e >= 0 ? 1.0 : -1.0) * tol + e / 2);
+      INFO(std::string(fa::dtype_name(dtype)) << " " << o.name << "[" << at << "] = " << (*o.got)[at] << ": exact "
+                                 << (*o.exact)[at] << ", baseline " << (*o.base)[at] << ", tol " << tol);
+      REQUIRE(std::abs((*o.got)[at] - (*o.base)[at]) <= tol);   // within the baseline's budget…
+      REQUIRE(std::abs((*o.got)[at] - (*o.exact)[at]) > tol);   // …but not within the exact value's
+      const bool forward = o.name == "O" || o.name == "L";
+      const fa::CheckReport wrong = forward ? fa::compare_forward(p, dtype, t) : fa::compare_backward(p, dtype, t);
+      INFO(wrong.summary());
+      CHECK_FALSE(wrong.at(o.name).pass);
+      (*o.got)[at] = keep;
+    }
+  }
+  // A coarser precision's plain evaluation is wrong for a finer one: fp16's or bf16's
+  // baseline fails the fp32 check, bf16's fails the fp16 check.
+  for (auto [coarse, fine] : {std::pair{fa::Dtype::F16, fa::Dtype::F32}, std::pair{fa::Dtype::BF16, fa::Dtype::F32},
+                              std::pair{fa::Dtype::BF16, fa::Dtype::F16}}) {
+    const fa::RefMode mode = fa::baseline_mode(coarse);
+    store_outputs(fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode), t);
+    fa::CheckReport r = fa::compare_forward(p, fine, t);
+    for (auto& c : fa::compare_backward(p, fine, t).items) r.items.push_back(c);
+    INFO(std::string(fa::dtype_name(coarse)) << " baseline checked as " << fa::dtype_name(fine) << ":\n"
+                                             << r.summary());
+    CHECK_FALSE(r.pass());
+  }
+}
+
+TEST_CASE("a non-finite reference entry is matched by class (NaN by NaN and an infinity by itself)") {
+  const std::vector<double> ref{std::nan(""), INFINITY, -INFINITY, 1.0};
+  const fa::Shape4 shape{1, 1, 1, 4};
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  CHECK(fa::compare("x", std::vector<float>{nan, inf, -inf, 1.0f}.data(), ref, shape, 0.0).pass);
+  for (int i = 0; i < 3; ++i) {
+    for (float wrong : {0.5f, nan, inf, -inf}) {
+      std::vector<float> got{nan, inf, -inf, 1.0f};
+      if (std::isnan(wrong) ? std::isnan(got[size_t(i)]) : wrong == got[size_t(i)]) continue;
+      got[size_t(i)] = wrong;
+      const fa::Comparison c = fa::compare("x", got.data(), ref, shape, 1e30);
+      INFO("reference " << ref[size_t(i)] << ", got " << wrong << ": " << c.summary());
+      CHECK_FALSE(c.pass);
+      CHECK(c.nonfinite_mismatch == 1);
+      CHECK(c.worst == i);
+    }
+  }
+  // Through the check: a NaN in one query row makes that row of O and L NaN in the
+  // reference; a finite value there fails, whatever the budget.
+  const Problem p = small(false, 6, 8);
+  fa::Tensors t = fa::Tensors::make(p, 16, fa::Dist::Normal, false);
+  t.Q[size_t(p.q_offset(0, 1, 2) + 1)] = nan;
+  REQUIRE(fa::check_forward(fa::find_stage("03"), p, fa::Dtype::F32, t).pass());
+  REQUIRE(std::isnan(t.O[size_t(p.q_offset(0, 1, 2))]));
+  t.O[size_t(p.q_offset(0, 1, 2))] = 0.0f;
+  CHECK_FALSE(fa::compare_forward(p, fa::Dtype::F32, t).at("O").pass);
+  t.L[size_t(p.l_offset(0, 1, 2))] = 0.0f;
+  CHECK_FALSE(fa::compare_forward(p, fa::Dtype::F32, t).at("L").pass);
 }
 
 TEST_CASE("a bad Problem is refused with a message naming the value") {

@@ -19,3 +19,14 @@ TEST_CASE("stage 05: random shapes") { fa::test::check_random_shapes(stage(), fa
 TEST_CASE("stage 05: per-row m and l equal the reference's") {
   fa::test::check_row_stats(&fa::stage05::forward);
 }
+
+// At a large head dim the sums of S = QKᵀ have thousands of terms, and their rounding depends
+// on the order they are added in. This stage adds them one after another, as the in-order
+// fp32 baseline does; the budget must hold for it on every seed (issue 35: at d = 2048 about
+// half of 20 seeds failed when the budget came from Eigen's blocked products alone).
+TEST_CASE("stage 05: large head dims pass for every seed") {
+  for (int d : {1024, 2048})
+    for (uint64_t seed = 1; seed <= 20; ++seed)
+      fa::test::expect_pass(stage(), fa::test::make_problem(1, 1, 1, 64, 64, d, false), fa::Dtype::F32, seed,
+                            fa::Dist::Normal, false);
+}

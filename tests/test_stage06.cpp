@@ -5,11 +5,13 @@
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -113,6 +115,41 @@ TEST_CASE("stage 06: NaN and inf under a mask, with any tile size") {
       fa::test::check_nonfinite_semantics(stage(), fa::Dtype::F32, true);
     }
 }
+// A row whose every logit is −inf (L = −inf) takes part with no key, in the backward too: its
+// dQ is 0 and it adds nothing to any dK, dV. Its P = e^{S − L} = e^{−inf + inf} would be NaN, so
+// every tile that holds such a row must run its products over the keys each row uses (the
+// tile is "partial" even without a mask): no causal mask here, so only L makes it so.
+TEST_CASE("stage 06: backward on rows whose logits are all -inf") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Problem p = make(1, 2, 1, 12, 17, 16, false);
+  fa::Tensors t = fa::Tensors::make(p, 17, fa::Dist::Normal, true);
+  // K[:, 0] > 0; rows (head 0, 3), (head 0, 7), (head 1, 5) get Q = (−inf, 0, …, 0): every
+  // logit of theirs is −inf·K_j0 = −inf. Every other logit is finite.
+  for (int64_t j = 0; j < p.seq_k; ++j) {
+    float& k = t.K[size_t(p.kv_offset(0, 0, j))];
+    k = std::abs(k) + 0.5f;
+  }
+  const std::vector<std::pair<int, int64_t>> minus_inf_rows{{0, 3}, {0, 7}, {1, 5}};
+  for (auto [h, i] : minus_inf_rows) {
+    std::fill_n(t.Q.begin() + p.q_offset(0, h, i), p.head_dim, 0.0f);
+    t.Q[size_t(p.q_offset(0, h, i))] = -inf;
+  }
+  for (int64_t bq : {0, 1, 4, 12})
+    for (int64_t bk : {0, 5, 17}) {
+      const StageOptions tiles{{"block_q", bq}, {"block_k", bk}};
+      const fa::CheckReport r = fa::check_backward(stage(), p, fa::Dtype::F32, t);
+      INFO("block_q " << bq << " block_k " << bk << "\n" << r.summary());
+      CHECK(r.pass());
+      for (auto [h, i] : minus_inf_rows) {
+        INFO("head " << h << " row " << i << " has only −inf logits");
+        CHECK(t.L[size_t(p.l_offset(0, h, i))] == -inf);
+        for (int c = 0; c < p.head_dim; ++c) CHECK(t.dQ[size_t(p.q_offset(0, h, i) + c)] == 0.0f);
+      }
+      CHECK(std::all_of(t.dK.begin(), t.dK.end(), [](float v) { return std::isfinite(v); }));
+      CHECK(std::all_of(t.dV.begin(), t.dV.end(), [](float v) { return std::isfinite(v); }));
+    }
+}
+
 TEST_CASE("stage 06: properties") { fa::test::check_properties(stage(), fa::Dtype::F32, true); }
 TEST_CASE("stage 06: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
 TEST_CASE("stage 06: random shapes") { fa::test::check_random_shapes(stage(), fa::Dtype::F32, true, 6); }

@@ -28,6 +28,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   p.validate("02_safe_softmax");
   const int64_t Nq = p.seq_q, Nk = p.seq_k, d = p.head_dim;
   const float scale = p.softmax_scale();
+  require_fits_in_memory(2.0 * double(Nq) * double(Nk) * sizeof(float), "02_safe_softmax: S plus P");  // together
   std::vector<float> S = allocate(Nq * Nk, "02_safe_softmax: S");  // [N_q, N_k] scores
   std::vector<float> P = allocate(Nq * Nk, "02_safe_softmax: P");  // [N_q, N_k] probabilities
   std::vector<int64_t> n_used(static_cast<size_t>(Nq));             // [N_q] keys each row sums over

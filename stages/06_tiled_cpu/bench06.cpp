@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "driver.h"
 #include "eigen.h"
 #include "errors.h"
 #include "tensors.h"
@@ -157,6 +158,7 @@ int run_bench(int argc, char** argv) {
   app.add_option("--repeat", repeat, "timed runs per measurement (median), after one warm-up")->capture_default_str();
   app.add_option("--memory-sizes", memory_sizes, "N at which stage 02 and 06 are compared")->capture_default_str();
   app.add_option("--csv", csv, "write the rows to this CSV file");
+  fa::refuse_empty_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

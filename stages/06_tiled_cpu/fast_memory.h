@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "eigen.h"
+#include "errors.h"
+#include "tensors.h"
 #include "tiled_cpu.h"
 
 namespace fa::stage06 {
@@ -54,12 +56,13 @@ inline void store(float* dst, const float* tile, int64_t count, Array a, Traffic
 // every worker, and the results stay bitwise the same for any thread count.
 using FastBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
+// An allocation failure is a problem too large for this machine (exit code 2, errors.h).
 inline FastBuffer fast_buffer(int64_t elems, const char* what) {
   try {
     return FastBuffer(size_t(elems));
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
-    throw std::runtime_error(std::string(kStage) + ": " + what + ": cannot allocate " + std::to_string(elems) +
-                             " floats of fast memory");
+    throw OutOfMemory(std::string(kStage) + ": " + what + ": cannot allocate " + std::to_string(elems) +
+                      " floats of fast memory");
   }
 }
 
@@ -69,15 +72,21 @@ struct FastMemory {
   FastBuffer S, P;          // [B_r, B_c] (the backward keeps dP, then dS, in S)
   FastBuffer m, l, L, D;    // [B_r]
 
+  // A tile never has more rows than its sequence (at least 1, so that nothing is empty).
+  static int64_t rows(const Problem& p, const Tiles& t) { return std::clamp<int64_t>(p.seq_q, 1, t.B_r); }
+  static int64_t cols(const Problem& p, const Tiles& t) { return std::clamp<int64_t>(p.seq_k, 1, t.B_c); }
+  // Floats of one worker's fast memory (in double: B_r·B_c may pass int64 before it is refused).
+  static double floats(const Problem& p, const Tiles& t) {
+    const double r = double(rows(p, t)), c = double(cols(p, t)), d = double(p.head_dim);
+    return 4 * r * d + 4 * c * d + 2 * r * c + 4 * r;
+  }
+
   FastMemory(const Problem& p, const Tiles& t) {
-    // A tile never has more rows than its sequence (at least 1, so that nothing is empty).
-    const int64_t d = p.head_dim;
-    const int64_t rows = std::clamp<int64_t>(p.seq_q, 1, t.B_r);
-    const int64_t cols = std::clamp<int64_t>(p.seq_k, 1, t.B_c);
-    for (auto* x : {&Q, &O, &dO, &dQ}) *x = fast_buffer(rows * d, "tile [B_r, d]");
-    for (auto* x : {&K, &V, &dK, &dV}) *x = fast_buffer(cols * d, "tile [B_c, d]");
-    for (auto* x : {&S, &P}) *x = fast_buffer(rows * cols, "tile [B_r, B_c]");
-    for (auto* x : {&m, &l, &L, &D}) *x = fast_buffer(rows, "row statistics");
+    const int64_t d = p.head_dim, r = rows(p, t), c = cols(p, t);
+    for (auto* x : {&Q, &O, &dO, &dQ}) *x = fast_buffer(r * d, "tile [B_r, d]");
+    for (auto* x : {&K, &V, &dK, &dV}) *x = fast_buffer(c * d, "tile [B_c, d]");
+    for (auto* x : {&S, &P}) *x = fast_buffer(r * c, "tile [B_r, B_c]");
+    for (auto* x : {&m, &l, &L, &D}) *x = fast_buffer(r, "row statistics");
   }
 };
 
@@ -116,9 +125,13 @@ struct Workers {
   std::vector<FastMemory> fast;
   std::vector<Traffic> traffic;
   Workers(const Problem& p, const Tiles& t, int threads, int64_t n_tasks)
-      : count(int(std::clamp<int64_t>(n_tasks, 1, threads))),
-        fast(size_t(count), FastMemory(p, t)),
-        traffic(size_t(count)) {}
+      : count(int(std::clamp<int64_t>(n_tasks, 1, threads))), traffic(size_t(count)) {
+    // Every worker's tiles together, before the first is allocated.
+    require_fits_in_memory(count * FastMemory::floats(p, t) * sizeof(float),
+                           std::string(kStage) + ": the fast memory of " + std::to_string(count) + " worker(s) (B_r = " +
+                               std::to_string(t.B_r) + ", B_c = " + std::to_string(t.B_c) + ")");
+    fast.assign(size_t(count), FastMemory(p, t));
+  }
   Traffic* counter(int worker, const Traffic* wanted) {
     return wanted ? &traffic[size_t(worker)] : nullptr;
   }
