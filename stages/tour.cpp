@@ -9,6 +9,7 @@
 #include <string>
 
 #include "check.h"
+#include "driver.h"
 #include "errors.h"
 #include "stage_list.h"
 #include "timing.h"
@@ -51,6 +52,7 @@ int run_tour(int argc, char** argv) {
       ->check(CLI::IsMember({"normal", "uniform", "large"}))
       ->capture_default_str();
   app.add_flag("--backward", backward, "also run and check the backward of every stage that has one");
+  fa::refuse_empty_values(app);  // "--seq ''" is refused, not read as 0
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
