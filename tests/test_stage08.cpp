@@ -32,7 +32,7 @@
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"
-#include "tile_index.h"
+#include "sm80/tile_index.h"
 
 namespace {
 

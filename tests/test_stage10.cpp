@@ -26,7 +26,7 @@
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"
-#include "tile_schedule.h"
+#include "hopper/tile_schedule.h"
 
 namespace {
 

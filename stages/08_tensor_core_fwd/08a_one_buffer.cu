@@ -26,10 +26,10 @@
 #include <cstdint>
 
 #include "fwd_steps.cuh"
-#include "masking.cuh"
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "softmax.cuh"
+#include "sm80/masking.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/softmax.cuh"
 #include "traits.cuh"
 
 namespace fa::stage08 {

@@ -17,11 +17,11 @@
 #include "dispatch.cuh"
 
 #include "bwd_traits.cuh"
-#include "cp_async.cuh"
-#include "masking.cuh"
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "softmax.cuh"
+#include "sm80/cp_async.cuh"
+#include "sm80/masking.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/softmax.cuh"
 
 namespace fa::stage09 {
 

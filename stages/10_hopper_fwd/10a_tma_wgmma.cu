@@ -24,12 +24,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "ptx.cuh"
+#include "hopper/ptx.cuh"
 #include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "tile_schedule.h"
-#include "wgmma.cuh"
+#include "hopper/tile_math.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage10 {
 

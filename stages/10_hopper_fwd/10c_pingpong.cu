@@ -26,8 +26,8 @@
 #include "pipeline.cuh"
 #include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage10 {
 

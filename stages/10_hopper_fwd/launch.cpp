@@ -10,10 +10,12 @@
 #include "cuda_utils.h"
 #include "hopper_fwd.h"
 #include "step_kernel.h"
-#include "tensor_map.h"
-#include "traits.h"
+#include "hopper/tensor_map.h"
+#include "hopper/traits.h"
 
 namespace fa::stage10 {
+
+using hopper::make_tensor_map;
 
 namespace {
 

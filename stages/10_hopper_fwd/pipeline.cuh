@@ -18,9 +18,9 @@
 
 #include <cstdint>
 
-#include "ptx.cuh"
-#include "tile_schedule.h"
-#include "traits.h"
+#include "hopper/ptx.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/traits.h"
 
 namespace fa::stage10 {
 

@@ -32,7 +32,7 @@
 #include "bwd_pipeline.cuh"
 #include "step_kernel.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage11 {
 

@@ -17,8 +17,8 @@
 
 #include "bwd_schedule.h"
 #include "bwd_traits.h"
-#include "ptx.cuh"
-#include "traits.h"
+#include "hopper/ptx.cuh"
+#include "hopper/traits.h"
 
 namespace fa::stage11 {
 

@@ -19,8 +19,8 @@
 #include "bwd_math.cuh"
 #include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_schedule.h"
-#include "wgmma.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage11 {
 

@@ -36,7 +36,7 @@
 #include "dq_layout.h"
 #include "step_kernel.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage11 {
 

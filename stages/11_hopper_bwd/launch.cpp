@@ -15,14 +15,14 @@
 #include "prep.h"
 #include "scratch.h"
 #include "step_kernel.h"
-#include "tensor_map.h"
+#include "hopper/tensor_map.h"
 
 namespace fa::stage11 {
 
 namespace {
 
 constexpr const char* kStageName = "11_hopper_bwd";
-using stage10::make_tensor_map;
+using hopper::make_tensor_map;
 
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {

@@ -13,7 +13,7 @@
 #include "cuda_utils.h"
 #include "dispatch.cuh"
 #include "prep.h"
-#include "tile_math.cuh"
+#include "hopper/tile_math.cuh"
 
 namespace fa::stage11 {
 
