@@ -260,7 +260,7 @@ StepKernel step_08a(int d, Dtype dtype, bool causal, const Options& o) {
   return make_step<false>(d, dtype, causal, o, [&](auto elem, auto tiles) {
     using Elem = decltype(elem);
     using Tr = OneBuffer<typename decltype(tiles)::type>;
-    return step_kernel<Tr>(causal, fwd_08a<Tr, Elem, true>, fwd_08a<Tr, Elem, false>);
+    return tile_step_kernel<Tr>(causal, fwd_08a<Tr, Elem, true>, fwd_08a<Tr, Elem, false>);
   });
 }
 
