@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "hopper/tile_schedule.h"
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"
-#include "hopper/tile_schedule.h"
 
 namespace {
 
