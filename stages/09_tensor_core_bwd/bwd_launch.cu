@@ -104,7 +104,8 @@ void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaS
     FA_CHECK_LAUNCH("09_tensor_core_bwd: preprocess_kernel");
   }
   // With seq_q = 0 the dK/dV kernel still runs: it writes dK = dV = 0.
-  if (p.seq_k > 0) launch(k.dkdv, dkdv_blocks(p, k.dkdv.block_cols), params, stream, "09_tensor_core_bwd: dK/dV kernel");
+  if (p.seq_k > 0)
+    launch(k.dkdv, dkdv_blocks(p, k.dkdv.block_cols), params, stream, "09_tensor_core_bwd: dK/dV kernel");
   if (p.seq_q > 0) {
     if (!atomic) {
       launch(k.dq, dq_blocks(p, k.dq.block_rows), params, stream, "09_tensor_core_bwd: dQ kernel");
@@ -188,8 +189,9 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   std::vector<std::pair<std::string, std::string>> rows;
   std::ostringstream tile, dq, scratch;
   tile << "dK/dV: B_c=" << k.dkdv.block_cols << " keys per block (" << k.warps_keys * k.warps_split << " warps of "
-       << k.dkdv.block_cols / k.warps_keys << " keys), B_r=" << k.dkdv.block_rows << " query rows per step, 2 Q/dO stages, "
-       << "swizzled smem, " << (k.atomic_dq || k.warps_split > 1 ? "two barriers" : "one barrier") << " per step";
+       << k.dkdv.block_cols / k.warps_keys << " keys), B_r=" << k.dkdv.block_rows
+       << " query rows per step, 2 Q/dO stages, swizzled smem, "
+       << (k.atomic_dq || k.warps_split > 1 ? "two barriers" : "one barrier") << " per step";
   if (k.warps_split > 1)
     tile << "; warp grid " << k.warps_keys << " (keys) x " << k.warps_split
          << " (queries of Sᵀ, dPᵀ; columns of dK, dV), Pᵀ and dSᵀ through shared memory";
@@ -214,8 +216,8 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
     rows.push_back({"dK/dV " + key, value});
   if (!k.atomic_dq) {
     prepare_kernel(k.dq);
-    for (auto& [key, value] : describe_launch(k.dq.fn, dim3(unsigned(std::max<int64_t>(1, dq_blocks(p, k.dq.block_rows)))),
-                                              dim3(unsigned(k.dq.threads)), k.dq.smem_bytes))
+    const dim3 dq_grid(unsigned(std::max<int64_t>(1, dq_blocks(p, k.dq.block_rows))));
+    for (auto& [key, value] : describe_launch(k.dq.fn, dq_grid, dim3(unsigned(k.dq.threads)), k.dq.smem_bytes))
       if (key != "device") rows.push_back({"dQ " + key, value});
   }
   return rows;
