@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
   mbarrier_wait(sm.q_full, 0);
   for (int n = 0; n < work.tiles.count; ++n) {
     const int j = work.tiles.count - 1 - n;
-    const auto [s, parity] = PipelineState<kStages>::at(n);  // buffer n % kStages, parity (n / kStages) & 1
+    const auto [s, parity] = PipelineState<kStages>::at(n);
 
     float s_acc[B_c / 2];  // S = Q_w·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);

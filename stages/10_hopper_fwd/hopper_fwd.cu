@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
         const BlockWork work = tile_work<d, kCausal, R>(p, t);
         const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
-        mbarrier_wait(&sm.q_empty[b], ((round / kQ) & 1) ^ 1);  // they are done with this one
+        mbarrier_wait(&sm.q_empty[b], PipelineState<kQ>::at(round).phase ^ 1);  // they are done with this one
         load_q(sm, p, work.row0, work.bh, b);
         load_kv(sm, p, work.bkv, work.tiles, ring);
         ring += work.tiles.count;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
     uint32_t p_frag[B_c / 16][4];  // P of the previous key tile, as wgmma A fragments
     RowState st;
-    mbarrier_wait(&sm.q_full[b], (round / kQ) & 1);
+    mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
     if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
     if (count > 0) {  // the first key tile: S alone (there is no P·V before it)
