@@ -22,6 +22,8 @@ template <int... kHeadDims, class Make>
 StepKernel instantiate_step(const char* stage, const char* step, int d, Dtype dtype, Make&& make) {
   auto by_head_dim = [&](auto elem) -> StepKernel {
     StepKernel k;
+    // The plain loop: for each built head dim D, if d == D, k = make(D, elem); || stops at
+    // the first that matches.
     const bool built = ((d == kHeadDims ? (k = make(std::integral_constant<int, kHeadDims>{}, elem), true) : false) ||
                         ...);
     if (built) return k;
