@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes stages/10_hopper_fwd/wgmma_ops.cuh: the wgmma instructions stage 10 issues.
+"""Writes common/hopper/wgmma_ops.cuh: the wgmma instructions stage 10 issues.
 
 A `wgmma.mma_async` names every accumulator register of the thread in its operand list
 (N/2 of them for an m64nNk16 product in fp32), so each shape needs its own inline-asm
@@ -89,7 +89,7 @@ def main():
             parts.append(emit(kind, n, ctype, ptx))
             parts.append("")
     parts.append("}  // namespace fa::hopper")
-    (root / "stages/10_hopper_fwd/wgmma_ops.cuh").write_text("\n".join(parts) + "\n")
+    (root / "common/hopper/wgmma_ops.cuh").write_text("\n".join(parts) + "\n")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,10 @@ from pathlib import Path
 
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".cu", ".cuh"}
 STAGE_DIR = re.compile(r"^stages/(\d\d)_[^/]+/")
+# The shared device layers (docs/design.md §2) belong to the lab of the stage that
+# introduces them: stage 08's online softmax on fragments lives in common/sm80/, stage 10's
+# wgmma descriptor and softmax on wgmma fragments in common/hopper/.
+LAYER_STAGES = {"common/sm80/": "08", "common/hopper/": "10"}
 MANIFEST = ".lab.json"
 
 # Host functions of a GPU stage that launch its kernels, by stage number. A device region
@@ -295,7 +299,9 @@ class Region:
 
 def stage_of(path: str) -> str | None:
     m = STAGE_DIR.match(path)
-    return m.group(1) if m else None
+    if m:
+        return m.group(1)
+    return next((stage for layer, stage in LAYER_STAGES.items() if path.startswith(layer)), None)
 
 
 def parse_regions(path: str, text: str, stage: str | None = None) -> list[Region]:
@@ -309,7 +315,7 @@ def parse_regions(path: str, text: str, stage: str | None = None) -> list[Region
         stage = stage_of(path)
     if stage is None:
         raise LabError(f"{path}:{marker_lines[0]}: a LAB marker outside a stage folder "
-                       f"(markers belong in stages/NN_name/ sources)")
+                       f"(markers belong in stages/NN_name/ or a layer of LAYER_STAGES)")
     states, _ = analyse(blank_non_code(text))
     regions: list[Region] = []
     open_region: Region | None = None

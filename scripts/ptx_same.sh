@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks that a change to the GPU stages' sources left their kernels as they were: compiles
-# each stage's .cu file to PTX (compute_80 and compute_90, no line info) from the working tree
-# and from a git revision, and compares the two with source positions and the hashes of
-# anonymous namespaces (which depend on the file's path) taken out. Needs nvcc, not a GPU, so
+# each stage's .cu file to PTX (compute_80 and compute_90, or compute_90a for the Hopper
+# stages; no line info) from the working tree and from a git revision, and compares the two
+# with source positions and the hashes of anonymous namespaces (which depend on the file's
+# path) taken out. Needs nvcc, not a GPU, so
 # a move of kernel code (into a header, a step file, common/) can be checked on the CPU
 # machine; the same PTX gives the same SASS from the same ptxas.
 #
@@ -27,8 +28,13 @@ ptx() {
     local dir name arch
     dir=$(dirname "$f")
     name=$(basename "$(dirname "$f")")_$(basename "$f" .cu)
-    for arch in 80 90; do
-      # Stage 09 includes stage 08's headers; every stage folder is on the path, as in CMake.
+    # Stages 10 and 11 use wgmma and setmaxnreg, which only the arch-specific target has
+    # (CMake builds them for sm_90a alone); compute_90 would stop at the first wgmma.
+    local archs="80 90"
+    case "$name" in 10_* | 11_*) archs="80 90a" ;; esac
+    for arch in $archs; do
+      # The shared layers are under common/ (sm80/, hopper/); every stage folder is on the
+      # path too, as in CMake, for the entry-point headers of other stages.
       "$nvcc" -DFA_HAVE_CUDA=1 -I"$dir" -I"$src/common" $(printf -- '-I%s ' "$src"/stages/*/) \
         -O3 -DNDEBUG -arch=compute_$arch --expt-relaxed-constexpr -std=c++17 -x cu -ptx "$f" \
         -o "$out/$name.$arch.ptx"

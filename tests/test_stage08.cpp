@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "problem.h"
+#include "sm80/tile_index.h"
 #include "stage_checks.h"
 #include "stage_list.h"
-#include "tile_index.h"
 
 namespace {
 

@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "hopper/tile_schedule.h"
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"
-#include "tile_schedule.h"
 
 namespace {
 
@@ -85,6 +85,7 @@ TEST_SUITE("cpu") {
 #include "check.h"
 #include "cuda_utils.h"
 #include "hopper_fwd.h"
+#include "hopper_fwd_steps.h"
 #include "tensors.h"
 
 namespace {
@@ -353,6 +354,35 @@ TEST_CASE("10: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
     CAPTURE(causal);
     fa::test::check_row_window(p, fa::Dtype::BF16, 0, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
     fa::test::check_row_window(p, fa::Dtype::BF16, p.seq_q - 64, 64, kv.K, kv.V, Q.get(), O.get(), L.as<float>());
+  }
+}
+
+// The step table in the common contract (step_kernel.h): every step names B_r, B_c and its
+// buffers per head dim, and refuses what it is not built for. Host code only: no GPU needed.
+TEST_SUITE("cpu") {
+  TEST_CASE("10: the step tables: B_r, B_c, buffers and threads per head dim; refusals name the step") {
+    using StepFn = fa::StepKernel (*)(int, fa::Dtype, bool);
+    const StepFn steps[] = {s10::step_10a, s10::step_10b, s10::step_10c, s10::step_10d, s10::step_10e};
+    for (int d : {64, 128, 256})
+      for (int i = 0; i < 5; ++i) {
+        CAPTURE(d);
+        CAPTURE(i);
+        const fa::StepKernel k = steps[i](d, fa::Dtype::BF16, true);
+        const int consumers = i >= 3 && d == 64 ? 3 : 2;  // 10d, 10e: a third consumer at d = 64
+        CHECK(k.fn != nullptr);
+        CHECK(k.fn != steps[i](d, fa::Dtype::BF16, false).fn);  // causal and plain instances
+        CHECK(k.block_rows == (i == 0 ? 64 : 64 * consumers));
+        CHECK(k.block_cols == (d == 256 ? 64 : 128));
+        CHECK(k.stages == (i == 0 || d != 64 ? 2 : 4));
+        CHECK(k.threads == (i == 0 ? 128 : 128 * (1 + consumers)));
+        CHECK(k.persistent == (i == 4));
+        CHECK(k.smem_bytes > 0);
+      }
+    CHECK_THROWS_WITH_AS(s10::step_10b(96, fa::Dtype::BF16, false),
+                         "10_hopper_fwd: step 10b has no kernel for head_dim = 96 (built: 64, 128, 256)",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(s10::step_10e(64, fa::Dtype::F32, false), "10_hopper_fwd: step 10e takes bf16 or f16",
+                         std::invalid_argument);
   }
 }
 

@@ -104,6 +104,7 @@ TEST_SUITE("cpu") {
 #include "check.h"
 #include "cuda_utils.h"
 #include "hopper_bwd.h"
+#include "hopper_bwd_steps.h"
 #include "tensors.h"
 
 namespace {
@@ -401,6 +402,30 @@ TEST_CASE("11: launch report") {
   CHECK(all.find("B_c = 128 keys per block, B_r = 64") != std::string::npos);
   CHECK(all.find("grid: 3 x 1 x 2") != std::string::npos);  // key tiles, kv heads, batch
   CHECK(all.find("registers") != std::string::npos);
+}
+
+// The step table in the common contract (step_kernel.h): a backward block owns B_c keys
+// (block_cols) and walks B_r query rows a step (block_rows). Host code only: no GPU needed.
+TEST_SUITE("cpu") {
+  TEST_CASE("11: the step tables: B_c keys per block, B_r rows per step; the dQ pass shares B_c") {
+    for (int d : {64, 128}) {
+      CAPTURE(d);
+      const fa::StepKernel a = s11::step_11a(d, fa::Dtype::F16, false);
+      CHECK(a.block_cols == 64);
+      CHECK(a.block_rows == 64);
+      for (const fa::StepKernel& k : {s11::step_11b(d, fa::Dtype::F16, false), s11::step_11c(d, fa::Dtype::F16, false),
+                                      s11::step_11d(d, fa::Dtype::F16, false)}) {
+        CHECK(k.block_cols == 128);
+        CHECK(k.block_rows == (d == 64 ? 128 : 64));
+      }
+      const fa::StepKernel dq = s11::dq_pass(d, fa::Dtype::BF16, true);
+      CHECK(dq.block_rows == 64);
+      CHECK(dq.block_cols == s11::step_11d(d, fa::Dtype::BF16, true, false).block_cols);  // the same tensor maps
+    }
+    CHECK_THROWS_WITH_AS(s11::step_11c(256, fa::Dtype::BF16, false),
+                         "11_hopper_bwd: step 11c has no kernel for head_dim = 256 (built: 64, 128)",
+                         std::invalid_argument);
+  }
 }
 
 #endif  // FA_HAVE_CUDA

@@ -107,9 +107,9 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) fwd_07a(const Params 
 }  // namespace
 
 StepKernel step_07a(int D, int B_c, bool swizzled) {
-  return make_step_kernel(D, B_c, swizzled, [](auto cfg) {
+  return instantiate_config(D, B_c, swizzled, [](auto cfg) {
     using C = decltype(cfg);
-    return StepKernel{kernel_address(fwd_07a<C>), kThreads, C::kSharedBytes, 3, false};
+    return config_step_kernel<C>(fwd_07a<C>, 3, false);
   });
 }
 

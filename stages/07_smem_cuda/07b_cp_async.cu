@@ -118,9 +118,9 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) fwd_07b(const Params 
 }  // namespace
 
 StepKernel step_07b(int D, int B_c, bool swizzled) {
-  return make_step_kernel(D, B_c, swizzled, [](auto cfg) {
+  return instantiate_config(D, B_c, swizzled, [](auto cfg) {
     using C = decltype(cfg);
-    return StepKernel{kernel_address(fwd_07b<C>), kThreads, C::kSharedBytes, 3, true};
+    return config_step_kernel<C>(fwd_07b<C>, 3, true);
   });
 }
 

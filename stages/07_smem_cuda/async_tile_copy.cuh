@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "block_tile.cuh"
-#include "cp_async.cuh"
+#include "sm80/cp_async.cuh"
 
 namespace fa::stage07 {
 namespace {

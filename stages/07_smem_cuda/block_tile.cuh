@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cp_async.cuh"
+#include "sm80/cp_async.cuh"
 
 namespace fa::stage07 {
 namespace {

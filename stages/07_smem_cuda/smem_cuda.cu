@@ -206,16 +206,6 @@ StepKernel kernel_for(const LaunchShape& s) {
   return step_07c(s.head_dim_padded, s.block_k, sw);
 }
 
-// Kernel attributes a launch needs: more than 48 KiB of dynamic shared memory must be asked
-// for explicitly, and the L1/shared split is set to the most shared memory (228 KiB on an
-// H100/H200) so that kMinBlocks blocks fit side by side. Little is lost: a block reads each
-// element of Q, K and V from global memory once, so L1 has nothing to reuse.
-void set_kernel_attributes(const StepKernel& k) {
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.shared_bytes)));
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     int(cudaSharedmemCarveoutMaxShared)));
-}
-
 void require_aligned(const void* ptr, const char* name) {
   require_device_pointer(kStage, name, ptr, 16, "the kernel reads and writes rows as float4");
 }
@@ -223,9 +213,9 @@ void require_aligned(const void* ptr, const char* name) {
 }  // namespace
 
 StepKernel step_07c(int D, int B_c, bool swizzled) {
-  return make_step_kernel(D, B_c, swizzled, [](auto cfg) {
+  return instantiate_config(D, B_c, swizzled, [](auto cfg) {
     using C = decltype(cfg);
-    return StepKernel{kernel_address(flash_forward_kernel<C>), kThreads, C::kSharedBytes, 2, true};
+    return config_step_kernel<C>(flash_forward_kernel<C>, 2, true);
   });
 }
 
@@ -255,7 +245,7 @@ LaunchShape launch_shape(const Problem& p, const Options& o) {
   s.threads = k.threads;
   s.pipelined = k.pipelined;
   s.barriers = k.barriers;
-  s.shared_bytes = k.shared_bytes;
+  s.shared_bytes = k.smem_bytes;
   return s;
 }
 
@@ -293,10 +283,8 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   params.scale_log2 = float(double(p.softmax_scale()) * double(kLog2e));
 
   const StepKernel k = kernel_for(shape);
-  set_kernel_attributes(k);
   void* args[] = {&params};
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, dim3(unsigned(shape.blocks)), dim3(unsigned(k.threads)), args,
-                                 k.shared_bytes, stream));
+  launch(k, dim3(unsigned(shape.blocks)), args, stream);  // sets its attributes once per device
 }
 
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p) {
@@ -318,9 +306,9 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p)
     return rows;
   }
   const StepKernel k = kernel_for(s);
-  set_kernel_attributes(k);
+  prepare_kernel(k);
   for (auto& row : describe_launch(k.fn, dim3(unsigned(std::max<long long>(s.blocks, 0))), dim3(unsigned(k.threads)),
-                                   k.shared_bytes))
+                                   k.smem_bytes))
     rows.push_back(row);
   return rows;
 }

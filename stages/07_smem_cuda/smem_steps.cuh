@@ -8,21 +8,16 @@
 #include <string>
 
 #include "block_tile.cuh"
+#include "step_kernel.h"
 
 namespace fa::stage07 {
 
-/// A compiled kernel of one step, launched as fn<<<T_r · batch · heads, threads,
-/// shared_bytes>>>(Params).
-struct StepKernel {
-  const void* fn = nullptr;
-  int threads = 0;
-  size_t shared_bytes = 0;
-  int barriers = 0;        ///< __syncthreads() per key tile
-  bool pipelined = false;  ///< K_j, V_j copied with cp.async during the previous tile's math
-};
+// A step's kernel is a StepKernel (step_kernel.h), launched as fn<<<T_r · batch · heads,
+// threads, smem_bytes>>>(Params); barriers counts its __syncthreads() per key tile,
+// pipelined says whether K_j, V_j are copied with cp.async during the previous tile's math.
 
 // One per step file; D is the padded head dim, B_c the key tile, `swizzled` the layout of
-// sQ, sK, sP (make_step_kernel says which combinations are compiled).
+// sQ, sK, sP (instantiate_config says which combinations are compiled).
 StepKernel step_07a(int D, int B_c, bool swizzled);  // 07a_sync_loads.cu
 StepKernel step_07b(int D, int B_c, bool swizzled);  // 07b_cp_async.cu
 StepKernel step_07c(int D, int B_c, bool swizzled);  // smem_cuda.cu (the final design)
@@ -33,7 +28,7 @@ namespace {
 /// returns: D ∈ {32, 64, 96, 128}; padded tiles with B_c = 32 or 64, swizzled tiles with
 /// B_c = 64 (the width they were built for: two blocks per SM at D = 128).
 template <class Make>
-StepKernel make_step_kernel(int D, int B_c, bool swizzled, Make&& make) {
+StepKernel instantiate_config(int D, int B_c, bool swizzled, Make&& make) {
   const bool wide = B_c == 64;
   if (swizzled && wide) {
     switch (D) {
@@ -56,10 +51,18 @@ StepKernel make_step_kernel(int D, int B_c, bool swizzled, Make&& make) {
                          (swizzled ? ", swizzled" : ", padded"));
 }
 
-/// The kernel pointer as the launcher takes it.
-template <class F>
-const void* kernel_address(F* f) {
-  return reinterpret_cast<const void*>(f);
+/// A step's table row: its kernel for configuration C and the step's facts. The L1/shared
+/// split is set to the most shared memory (228 KiB on an H100/H200) so that kMinBlocks
+/// blocks fit side by side. Little is lost: a block reads each element of Q, K and V from
+/// global memory once, so L1 has nothing to reuse.
+template <class C, class F>
+StepKernel config_step_kernel(F* fn, int barriers, bool pipelined) {
+  StepKernel k = make_step_kernel(fn, Threads{kThreads}, BlockRows{kBlockQ}, BlockCols{C::B_c},
+                                  SmemBytes{C::kSharedBytes});
+  k.barriers = barriers;
+  k.pipelined = pipelined;
+  k.carveout = int(cudaSharedmemCarveoutMaxShared);
+  return k;
 }
 
 }  // namespace

@@ -26,10 +26,10 @@
 #include <cstdint>
 
 #include "fwd_steps.cuh"
-#include "masking.cuh"
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "softmax.cuh"
+#include "sm80/masking.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/softmax.cuh"
 #include "traits.cuh"
 
 namespace fa::stage08 {
@@ -260,7 +260,7 @@ StepKernel step_08a(int d, Dtype dtype, bool causal, const Options& o) {
   return make_step<false>(d, dtype, causal, o, [&](auto elem, auto tiles) {
     using Elem = decltype(elem);
     using Tr = OneBuffer<typename decltype(tiles)::type>;
-    return step_kernel<Tr>(causal, fwd_08a<Tr, Elem, true>, fwd_08a<Tr, Elem, false>);
+    return tile_step_kernel<Tr>(causal, fwd_08a<Tr, Elem, true>, fwd_08a<Tr, Elem, false>);
   });
 }
 

@@ -73,8 +73,8 @@ void check_pointers(const Problem& p, const void* Q, const void* K, const void* 
   }
 }
 
-dim3 grid_of(const Problem& p, int block_m) {
-  return dim3(unsigned((p.seq_q + block_m - 1) / block_m), unsigned(p.heads), unsigned(p.batch));
+dim3 grid_of(const Problem& p, int block_rows) {
+  return dim3(unsigned((p.seq_q + block_rows - 1) / block_rows), unsigned(p.heads), unsigned(p.batch));
 }
 
 StepKernel kernel_for(const Problem& p, Dtype dtype, const Options& o) {
@@ -90,8 +90,8 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const bool one_buffer = o.step == Step::OneBuffer;
   rows.push_back({"step", std::string(one_buffer ? "08a" : "08b") + (o.step == Step::Auto ? " (auto)" : "")});
   rows.push_back({"tile", k.description});
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
-  for (auto& r : describe_launch(k.fn, grid_of(p, k.block_m), dim3(unsigned(k.threads)), size_t(k.smem_bytes)))
+  prepare_kernel(k);
+  for (auto& r : describe_launch(k.fn, grid_of(p, k.block_rows), dim3(unsigned(k.threads)), k.smem_bytes))
     rows.push_back(r);
   return rows;
 }

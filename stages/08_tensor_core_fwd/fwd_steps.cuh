@@ -41,14 +41,13 @@ std::string describe_tile() {
   return tile.str();
 }
 
-/// A step's table row for tiles Tr: the causal or the plain instance of its kernel.
+/// A step's table row for tiles Tr: the causal or the plain instance of its kernel, with
+/// the launch shape its traits give.
 template <class Tr, class F>
-StepKernel step_kernel(bool causal, F* causal_fn, F* plain_fn) {
-  StepKernel k;
-  k.fn = reinterpret_cast<const void*>(causal ? causal_fn : plain_fn);
-  k.threads = Tr::kThreads;
-  k.smem_bytes = Tr::kSmemBytes;
-  k.block_m = Tr::kBlockM;
+StepKernel tile_step_kernel(bool causal, F* causal_fn, F* plain_fn) {
+  StepKernel k = make_step_kernel(causal, causal_fn, plain_fn, Threads{Tr::kThreads}, BlockRows{Tr::kBlockM},
+                                  BlockCols{Tr::kBlockN}, SmemBytes{size_t(Tr::kSmemBytes)});
+  k.stages = Tr::kStages;
   k.description = describe_tile<Tr>();
   return k;
 }

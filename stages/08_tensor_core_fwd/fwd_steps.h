@@ -9,26 +9,21 @@
 #include <string>
 
 #include "problem.h"
+#include "step_kernel.h"
 #include "tensor_core_fwd.h"
 
 namespace fa::stage08 {
 
-/// A compiled kernel of one step, launched as fn<<<(ceil(seq_q / block_m), heads, batch),
-/// threads, smem_bytes>>>(FwdParams).
-struct StepKernel {
-  const void* fn = nullptr;
-  int threads = 0;
-  int smem_bytes = 0;
-  int block_m = 0;          ///< B_r, query rows per block
-  std::string description;  ///< the tile, for the report: B_r, B_c, warps, buffers, layout, …
-};
+// A step's kernel is a StepKernel (step_kernel.h), launched as fn<<<(ceil(seq_q /
+// block_rows), heads, batch), threads, smem_bytes>>>(FwdParams); its description is the
+// tile for the report: B_r, B_c, warps, buffers, layout, ….
 
 // Host helpers of the launch (fwd_launch.cpp). Every refusal of a problem, dtype or pointer
 // happens in check_request and check_pointers, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype);
 void check_pointers(const Problem& p, const void* Q, const void* K, const void* V, const void* O, const float* L);
 /// One block per (query tile, head, batch).
-dim3 grid_of(const Problem& p, int block_m);
+dim3 grid_of(const Problem& p, int block_rows);
 /// The kernel that `o` selects for (p, dtype): step_08a or step_08b.
 StepKernel kernel_for(const Problem& p, Dtype dtype, const Options& o);
 

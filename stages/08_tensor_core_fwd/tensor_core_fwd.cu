@@ -47,10 +47,10 @@
 
 #include "cuda_utils.h"
 #include "fwd_steps.cuh"
-#include "masking.cuh"
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "softmax.cuh"
+#include "sm80/masking.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/softmax.cuh"
 #include "traits.cuh"
 
 namespace fa::stage08 {
@@ -313,7 +313,7 @@ StepKernel step_08b(int d, Dtype dtype, bool causal, const Options& o) {
   return make_step<true>(d, dtype, causal, o, [&](auto elem, auto tiles) {
     using Elem = decltype(elem);
     using Tr = typename decltype(tiles)::type;
-    return step_kernel<Tr>(causal, flash_forward_kernel<Tr, Elem, true>, flash_forward_kernel<Tr, Elem, false>);
+    return tile_step_kernel<Tr>(causal, flash_forward_kernel<Tr, Elem, true>, flash_forward_kernel<Tr, Elem, false>);
   });
 }
 
@@ -333,12 +333,8 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   check_pointers(p, Q, K, V, O, L);
   const StepKernel k = kernel_for(p, dtype, options);
   FwdParams params{Q, K, V, O, L, p.heads, p.kv_heads, p.seq_q, p.seq_k, p.softmax_scale()};
-  // More than 48 KB of dynamic shared memory must be allowed first; a cheap host call, made
-  // before every launch so that it holds on whichever device is current.
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
   void* args[] = {&params};
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid_of(p, k.block_m), dim3(unsigned(k.threads)), args, size_t(k.smem_bytes),
-                                 stream));
+  launch(k, grid_of(p, k.block_rows), args, stream);  // allows its shared memory once per device
   FA_CHECK_LAUNCH("08_tensor_core_fwd: forward kernel");
 }
 

@@ -6,7 +6,7 @@
 // in the stage hard-codes a size.
 #pragma once
 
-#include "tile_index.h"
+#include "sm80/tile_index.h"
 
 namespace fa::stage08 {
 

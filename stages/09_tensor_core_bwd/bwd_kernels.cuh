@@ -17,11 +17,11 @@
 #include "dispatch.cuh"
 
 #include "bwd_traits.cuh"
-#include "cp_async.cuh"
-#include "masking.cuh"
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "softmax.cuh"
+#include "sm80/cp_async.cuh"
+#include "sm80/masking.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/softmax.cuh"
 
 namespace fa::stage09 {
 
@@ -259,19 +259,16 @@ StepKernels make_step(int d, Dtype dtype, Make&& make) {
 template <class DkDv, class Dq, class F, class G = void(const BwdParams)>
 StepKernels step_kernels(F* dkdv, bool atomic_dq, G* dq = nullptr) {
   StepKernels k;
-  k.dkdv = KernelLaunch{reinterpret_cast<const void*>(dkdv), DkDv::kThreads, DkDv::kSmemBytes};
-  k.block_n = DkDv::kBlockN;
-  k.block_m = DkDv::kBlockM;
+  k.dkdv = make_step_kernel(dkdv, Threads{DkDv::kThreads}, BlockRows{DkDv::kBlockM}, BlockCols{DkDv::kBlockN},
+                            SmemBytes{size_t(DkDv::kSmemBytes)});
   k.warps_keys = DkDv::kWarpsKeys;
   k.warps_split = DkDv::kWarpsSplit;
   k.warps_mdq = DkDv::kWarpsMdQ;
   k.warps_ndq = DkDv::kWarpsNdQ;
   k.atomic_dq = atomic_dq;
-  if (dq != nullptr) {
-    k.dq = KernelLaunch{reinterpret_cast<const void*>(dq), Dq::kThreads, Dq::kSmemBytes};
-    k.dq_block_m = Dq::kBlockM;
-    k.dq_block_n = Dq::kBlockN;
-  }
+  if (dq != nullptr)
+    k.dq = make_step_kernel(dq, Threads{Dq::kThreads}, BlockRows{Dq::kBlockM}, BlockCols{Dq::kBlockN},
+                            SmemBytes{size_t(Dq::kSmemBytes)});
   return k;
 }
 

@@ -75,14 +75,11 @@ void check_pointer(const char* name, const void* ptr, size_t alignment) {
                          alignment == 16 ? "tiles move in 16-byte copies" : "L is fp32");
 }
 
-/// Launches one kernel of a step on `blocks` blocks. Raising a kernel's dynamic
-/// shared-memory limit (needed above 48 KB) is cheap, so it is done before every launch
-/// and holds on whichever device is current.
-void launch(const KernelLaunch& k, int64_t blocks, BwdParams& params, cudaStream_t stream, const char* what) {
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+/// Launches one kernel of a step on `blocks` blocks (fa::launch allows its dynamic shared
+/// memory, needed above 48 KB, once per device).
+void launch(const StepKernel& k, int64_t blocks, BwdParams& params, cudaStream_t stream, const char* what) {
   void* args[] = {&params};
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, dim3(unsigned(blocks)), dim3(unsigned(k.threads)), args, size_t(k.smem_bytes),
-                                 stream));
+  fa::launch(k, dim3(unsigned(blocks)), args, stream);
   FA_CHECK_LAUNCH(what);
 }
 
@@ -107,10 +104,11 @@ void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaS
     FA_CHECK_LAUNCH("09_tensor_core_bwd: preprocess_kernel");
   }
   // With seq_q = 0 the dK/dV kernel still runs: it writes dK = dV = 0.
-  if (p.seq_k > 0) launch(k.dkdv, dkdv_blocks(p, k.block_n), params, stream, "09_tensor_core_bwd: dK/dV kernel");
+  if (p.seq_k > 0)
+    launch(k.dkdv, dkdv_blocks(p, k.dkdv.block_cols), params, stream, "09_tensor_core_bwd: dK/dV kernel");
   if (p.seq_q > 0) {
     if (!atomic) {
-      launch(k.dq, dq_blocks(p, k.dq_block_m), params, stream, "09_tensor_core_bwd: dQ kernel");
+      launch(k.dq, dq_blocks(p, k.dq.block_rows), params, stream, "09_tensor_core_bwd: dQ kernel");
     } else {
       const int64_t chunks = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
       const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 132 * 32));
@@ -190,17 +188,18 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const StepKernels k = kernels_for(step, p.head_dim, dtype);
   std::vector<std::pair<std::string, std::string>> rows;
   std::ostringstream tile, dq, scratch;
-  tile << "dK/dV: B_c=" << k.block_n << " keys per block (" << k.warps_keys * k.warps_split << " warps of "
-       << k.block_n / k.warps_keys << " keys), B_r=" << k.block_m << " query rows per step, 2 Q/dO stages, "
-       << "swizzled smem, " << (k.atomic_dq || k.warps_split > 1 ? "two barriers" : "one barrier") << " per step";
+  tile << "dK/dV: B_c=" << k.dkdv.block_cols << " keys per block (" << k.warps_keys * k.warps_split << " warps of "
+       << k.dkdv.block_cols / k.warps_keys << " keys), B_r=" << k.dkdv.block_rows
+       << " query rows per step, 2 Q/dO stages, swizzled smem, "
+       << (k.atomic_dq || k.warps_split > 1 ? "two barriers" : "one barrier") << " per step";
   if (k.warps_split > 1)
     tile << "; warp grid " << k.warps_keys << " (keys) x " << k.warps_split
          << " (queries of Sᵀ, dPᵀ; columns of dK, dV), Pᵀ and dSᵀ through shared memory";
   else
     tile << "; Pᵀ and dSᵀ in registers";
   if (!k.atomic_dq)
-    dq << "a second kernel (deterministic), B_r=" << k.dq_block_m << " rows per block (" << k.dq.threads / 32
-       << " warps), B_c=" << k.dq_block_n << " keys per step";
+    dq << "a second kernel (deterministic), B_r=" << k.dq.block_rows << " rows per block (" << k.dq.threads / 32
+       << " warps), B_c=" << k.dq.block_cols << " keys per step";
   else
     dq << "fp32 atomicAdd into dQ_accum (warp grid " << k.warps_mdq << " x " << k.warps_ndq
        << " over [B_r, d]), then a conversion kernel";
@@ -210,15 +209,15 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   rows.push_back({"dQ", dq.str()});
   rows.push_back({"scratch", scratch.str()});
   if (!with_gpu) return rows;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.dkdv.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dkdv.smem_bytes));
+  prepare_kernel(k.dkdv);
   for (auto& [key, value] :
-       describe_launch(k.dkdv.fn, dim3(unsigned(std::max<int64_t>(1, dkdv_blocks(p, k.block_n)))),
-                       dim3(unsigned(k.dkdv.threads)), size_t(k.dkdv.smem_bytes)))
+       describe_launch(k.dkdv.fn, dim3(unsigned(std::max<int64_t>(1, dkdv_blocks(p, k.dkdv.block_cols)))),
+                       dim3(unsigned(k.dkdv.threads)), k.dkdv.smem_bytes))
     rows.push_back({"dK/dV " + key, value});
   if (!k.atomic_dq) {
-    FA_CUDA_CHECK(cudaFuncSetAttribute(k.dq.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dq.smem_bytes));
-    for (auto& [key, value] : describe_launch(k.dq.fn, dim3(unsigned(std::max<int64_t>(1, dq_blocks(p, k.dq_block_m)))),
-                                              dim3(unsigned(k.dq.threads)), size_t(k.dq.smem_bytes)))
+    prepare_kernel(k.dq);
+    const dim3 dq_grid(unsigned(std::max<int64_t>(1, dq_blocks(p, k.dq.block_rows))));
+    for (auto& [key, value] : describe_launch(k.dq.fn, dq_grid, dim3(unsigned(k.dq.threads)), k.dq.smem_bytes))
       if (key != "device") rows.push_back({"dQ " + key, value});
   }
   return rows;

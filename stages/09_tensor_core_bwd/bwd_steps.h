@@ -5,29 +5,23 @@
 #pragma once
 
 #include "problem.h"
+#include "step_kernel.h"
 
 namespace fa::stage09 {
 
-/// A compiled kernel and its launch shape.
-struct KernelLaunch {
-  const void* fn = nullptr;
-  int threads = 0;
-  int smem_bytes = 0;
-};
-
-/// The kernels of one step for one (head dim, dtype).
+/// The kernels of one step for one (head dim, dtype), each a StepKernel (step_kernel.h).
 struct StepKernels {
-  KernelLaunch dkdv;      ///< one block per (batch, kv head, key tile of block_n keys)
-  int block_n = 0;        ///< B_c: keys per dK/dV block
-  int block_m = 0;        ///< B_r: query rows per step of its loop
+  /// One block per (batch, kv head, key tile of block_cols keys = B_c), block_rows = B_r
+  /// query rows per step of its loop.
+  StepKernel dkdv;
   int warps_keys = 0;     ///< the dK/dV warp grid: warps along the keys ...
   int warps_split = 0;    ///< ... × warps along the queries of Sᵀ and the columns of dK, dV
   int warps_mdq = 0;      ///< the warp grid of the dQ product (atomic steps): along B_r ...
   int warps_ndq = 0;      ///< ... × along d
   bool atomic_dq = false; ///< dQ by fp32 atomics into a scratch sum, then converted (09b, 09c)
-  KernelLaunch dq;        ///< 09a: the dQ kernel, one block per (batch, head, query tile)
-  int dq_block_m = 0;     ///< its B_r
-  int dq_block_n = 0;     ///< its B_c
+  /// 09a: the dQ kernel, one block per (batch, head, query tile of block_rows = B_r rows),
+  /// block_cols = B_c keys per step.
+  StepKernel dq;
 };
 
 // One per step file; each throws std::invalid_argument for a head dim or dtype it has no

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "tile_index.h"  // stage 08: FA_HOST_DEVICE, visible_key_end
+#include "sm80/tile_index.h"  // the sm80 layer: FA_HOST_DEVICE, visible_key_end
 
 namespace fa::stage09 {
 

@@ -5,7 +5,7 @@
 // (09a, 09b, 09c) differ in code, not in these numbers, except 09c's warp grid.
 #pragma once
 
-#include "tile_index.h"
+#include "sm80/tile_index.h"
 
 namespace fa::stage09 {
 
@@ -47,7 +47,7 @@ struct DkDvTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = 2;  // Q_i/dO_i buffers: step i+1 loads while step i computes
-  static constexpr SmemLayout kLayout = SmemLayout::Swizzled;  // every tile (stage 08's tile_index.h)
+  static constexpr SmemLayout kLayout = SmemLayout::Swizzled;  // every tile (sm80/tile_index.h)
 
   // The warp grid of Sᵀ, dPᵀ, dSᵀ ([kKeysPerWarp, kQueriesPerWarp] per warp) and of
   // dK_j, dV_j ([kKeysPerWarp, kColsPerWarp] per warp).

@@ -39,8 +39,8 @@
 // atomics, from a stream-ordered memory pool (bwd_launch.cu).
 // The pieces: bwd_kernels.cuh (what the kernels share), bwd_traits.cuh (tile sizes),
 // warp_gemm.cuh (the four product shapes), bwd_tile_index.h (which query tiles a key tile
-// meets), bwd_launch.cu (host side), and stage 08's mma.cuh, smem_tiles.cuh, masking.cuh,
-// softmax.cuh (fast_exp2), tile_index.h.
+// meets), bwd_launch.cu (host side), and the sm80 layer (common/sm80): mma.cuh,
+// smem_tiles.cuh, masking.cuh, softmax.cuh (fast_exp2), tile_index.h.
 // Run:    ./build/stages/09_tensor_core_bwd/stage09 --seq-q 4096 --seq-k 4096 --heads 16 --head-dim 128 --backward --bench
 //         ... --step 09a     (dQ by a second pass: bitwise reproducible; --step 09b, 09c: the others)
 #include <cuda_bf16.h>

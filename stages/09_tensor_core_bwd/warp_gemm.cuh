@@ -32,9 +32,9 @@
 
 #include <cstdint>
 
-#include "mma.cuh"
-#include "smem_tiles.cuh"
-#include "tile_index.h"
+#include "sm80/mma.cuh"
+#include "sm80/smem_tiles.cuh"
+#include "sm80/tile_index.h"
 
 namespace fa::stage09 {
 

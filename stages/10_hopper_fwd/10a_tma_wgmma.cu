@@ -24,12 +24,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "ptx.cuh"
-#include "step_kernel.h"
+#include "hopper/pipeline_state.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/tile_math.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_fwd_steps.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "tile_schedule.h"
-#include "wgmma.cuh"
 
 namespace fa::stage10 {
 
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(128, 1) fwd_10a(const __grid_constant__ FwdPar
     const int j = tiles.count - 1 - n, s = n % kStages10a;
     __syncthreads();  // every warp finished tile n − 1, so its buffer may be refilled
     if (threadIdx.x == 0 && n + 1 < tiles.count) load_kv(n + 1);
-    mbarrier_wait(&kv_full[s], (n / kStages10a) & 1);
+    mbarrier_wait(&kv_full[s], PipelineState<kStages10a>::at(n).phase);
 
     float s_acc[B_c / 2];  // S = Q_i·K_jᵀ, [64, B_c]
     wgmma_fence();
@@ -125,11 +126,14 @@ __global__ void __launch_bounds__(128, 1) fwd_10a(const __grid_constant__ FwdPar
 }
 
 StepKernel step_10a(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10a", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10a", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return step_kernel(causal, fwd_10a<D, Elem, true>, fwd_10a<D, Elem, false>, 128, kBlockM10a,
-                       Tile<D>::kBlockN, kStages10a, Plan10a<D>::bytes_to_allocate);
+    StepKernel k = make_step_kernel(causal, fwd_10a<D, Elem, true>, fwd_10a<D, Elem, false>, Threads{128},
+                                    BlockRows{kBlockM10a}, BlockCols{Tile<D>::kBlockN},
+                                    SmemBytes{Plan10a<D>::bytes_to_allocate});
+    k.stages = kStages10a;
+    return k;
   });
 }
 

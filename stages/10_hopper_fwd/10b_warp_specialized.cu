@@ -22,11 +22,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
+#include "hopper_fwd_steps.h"
 #include "pipeline.cuh"
-#include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage10 {
 
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
   RowState st;
   mbarrier_wait(sm.q_full, 0);
   for (int n = 0; n < work.tiles.count; ++n) {
-    const int j = work.tiles.count - 1 - n, s = n % kStages;
-    const uint32_t parity = (n / kStages) & 1;
+    const int j = work.tiles.count - 1 - n;
+    const auto [s, parity] = PipelineState<kStages>::at(n);
 
     float s_acc[B_c / 2];  // S = Q_w·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
@@ -91,12 +91,15 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10b(const __gri
 }
 
 StepKernel step_10b(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10b", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10b", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     using R = TwoConsumers;
-    return step_kernel(causal, fwd_10b<D, Elem, true>, fwd_10b<D, Elem, false>, R::kThreads, R::kBlockM,
-                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R>::bytes_to_allocate);
+    StepKernel k = make_step_kernel(causal, fwd_10b<D, Elem, true>, fwd_10b<D, Elem, false>, Threads{R::kThreads},
+                                    BlockRows{R::kBlockM}, BlockCols{Tile<D>::kBlockN},
+                                    SmemBytes{SharedPlan<D, R>::bytes_to_allocate});
+    k.stages = Tile<D>::kStages;
+    return k;
   });
 }
 

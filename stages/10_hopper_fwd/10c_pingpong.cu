@@ -23,11 +23,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
+#include "hopper_fwd_steps.h"
 #include "pipeline.cuh"
-#include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage10 {
 
@@ -64,8 +64,9 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
   if (c == 1 && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
   for (int n = 0; n < count; ++n) {
-    const int j = count - 1 - n, s = n % kStages, prev = (n + kStages - 1) % kStages;
-    const uint32_t parity = (n / kStages) & 1, prev_parity = n > 0 ? ((n - 1) / kStages) & 1 : 0;
+    const int j = count - 1 - n, prev = (n + kStages - 1) % kStages;
+    const auto [s, parity] = PipelineState<kStages>::at(n);
+    const uint32_t prev_parity = n > 0 ? PipelineState<kStages>::at(n - 1).phase : 0;
 
     float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
@@ -94,8 +95,8 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
     pack_p<B_c, Elem>(s_acc, p_frag);
   }
   if (count > 0) {  // the last tile's P·V
-    const int s = (count - 1) % kStages;
-    mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);
+    const auto [s, parity] = PipelineState<kStages>::at(count - 1);
+    mbarrier_wait(&sm.v_full[s], parity);
     named_barrier_sync(my_turn, 256);
     wgmma_fence();
     gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
@@ -110,12 +111,15 @@ __global__ void __launch_bounds__(TwoConsumers::kThreads, 1) fwd_10c(const __gri
 }
 
 StepKernel step_10c(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10c", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10c", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     using R = TwoConsumers;
-    return step_kernel(causal, fwd_10c<D, Elem, true>, fwd_10c<D, Elem, false>, R::kThreads, R::kBlockM,
-                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R>::bytes_to_allocate);
+    StepKernel k = make_step_kernel(causal, fwd_10c<D, Elem, true>, fwd_10c<D, Elem, false>, Threads{R::kThreads},
+                                    BlockRows{R::kBlockM}, BlockCols{Tile<D>::kBlockN},
+                                    SmemBytes{SharedPlan<D, R>::bytes_to_allocate});
+    k.stages = Tile<D>::kStages;
+    return k;
   });
 }
 

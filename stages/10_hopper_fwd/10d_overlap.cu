@@ -18,11 +18,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
+#include "hopper_fwd_steps.h"
 #include "pipeline.cuh"
-#include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage10 {
 
@@ -81,8 +81,9 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
   // with one group would make it serialize every wgmma).
 //! [overlapped loop]
   for (int n = 1; n < count; ++n) {
-    const int j = count - 1 - n, s = n % kStages, prev = (n - 1) % kStages;
-    const uint32_t parity = (n / kStages) & 1, prev_parity = ((n - 1) / kStages) & 1;
+    const int j = count - 1 - n;
+    const auto [s, parity] = PipelineState<kStages>::at(n);            // K_j
+    const auto [prev, prev_parity] = PipelineState<kStages>::at(n - 1);  // V of the tile before
 
     float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
     mbarrier_wait(&sm.k_full[s], parity);
@@ -110,8 +111,8 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
   }
 //! [overlapped loop]
   if (count > 0) {  // the last tile's P·V
-    const int s = (count - 1) % kStages;
-    mbarrier_wait(&sm.v_full[s], ((count - 1) / kStages) & 1);
+    const auto [s, parity] = PipelineState<kStages>::at(count - 1);
+    mbarrier_wait(&sm.v_full[s], parity);
     named_barrier_sync(my_turn, 256);
     wgmma_fence();
     gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
@@ -126,12 +127,15 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10d(const __grid_
 }
 
 StepKernel step_10d(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10d", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10d", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     using R = RolesOf<D>;
-    return step_kernel(causal, fwd_10d<D, Elem, true>, fwd_10d<D, Elem, false>, R::kThreads, R::kBlockM,
-                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R>::bytes_to_allocate);
+    StepKernel k = make_step_kernel(causal, fwd_10d<D, Elem, true>, fwd_10d<D, Elem, false>, Threads{R::kThreads},
+                                    BlockRows{R::kBlockM}, BlockCols{Tile<D>::kBlockN},
+                                    SmemBytes{SharedPlan<D, R>::bytes_to_allocate});
+    k.stages = Tile<D>::kStages;
+    return k;
   });
 }
 

@@ -46,11 +46,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
+#include "hopper_fwd_steps.h"
 #include "pipeline.cuh"
-#include "step_kernel.h"
 #include "step_table.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage10 {
 
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
         const BlockWork work = tile_work<d, kCausal, R>(p, t);
         const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
-        mbarrier_wait(&sm.q_empty[b], ((round / kQ) & 1) ^ 1);  // they are done with this one
+        mbarrier_wait(&sm.q_empty[b], PipelineState<kQ>::at(round).phase ^ 1);  // they are done with this one
         load_q(sm, p, work.row0, work.bh, b);
         load_kv(sm, p, work.bkv, work.tiles, ring);
         ring += work.tiles.count;
@@ -102,13 +102,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
     uint32_t p_frag[B_c / 16][4];  // P of the previous key tile, as wgmma A fragments
     RowState st;
-    mbarrier_wait(&sm.q_full[b], (round / kQ) & 1);
+    mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
     if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
     if (count > 0) {  // the first key tile: S alone (there is no P·V before it)
       const int j = count - 1, s = ring % kStages;
       float s_acc[B_c / 2];
-      mbarrier_wait(&sm.k_full[s], (ring / kStages) & 1);
+      mbarrier_wait(&sm.k_full[s], PipelineState<kStages>::at(ring).phase);
       named_barrier_sync(my_turn, 256);
       wgmma_fence();
       gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     for (int n = 1; n < count; ++n) {  // every later key tile: S_j and P_prev·V_prev in flight
       const int j = count - 1 - n, g = ring + n, s = g % kStages, prev = (g - 1) % kStages;
       float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
-      mbarrier_wait(&sm.k_full[s], (g / kStages) & 1);
-      mbarrier_wait(&sm.v_full[prev], ((g - 1) / kStages) & 1);
+      mbarrier_wait(&sm.k_full[s], PipelineState<kStages>::at(g).phase);
+      mbarrier_wait(&sm.v_full[prev], PipelineState<kStages>::at(g - 1).phase);
       named_barrier_sync(my_turn, 256);  // the consumer before me has issued its products
       wgmma_fence();
       gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     }
     if (count > 0) {  // the last key tile's P·V
       const int g = ring + count - 1, s = g % kStages;
-      mbarrier_wait(&sm.v_full[s], (g / kStages) & 1);
+      mbarrier_wait(&sm.v_full[s], PipelineState<kStages>::at(g).phase);
       named_barrier_sync(my_turn, 256);
       wgmma_fence();
       gemm_pv<d, B_c>(o, p_frag, sm.v_stage(s));
@@ -173,12 +173,16 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
 }
 
 StepKernel step_10e(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "10e", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10e", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     using R = RolesOf<D>;
-    return step_kernel(causal, fwd_10e<D, Elem, true>, fwd_10e<D, Elem, false>, R::kThreads, R::kBlockM,
-                       Tile<D>::kBlockN, Tile<D>::kStages, SharedPlan<D, R, kQBuffersOf<D>>::bytes_to_allocate, true);
+    StepKernel k = make_step_kernel(causal, fwd_10e<D, Elem, true>, fwd_10e<D, Elem, false>, Threads{R::kThreads},
+                                    BlockRows{R::kBlockM}, BlockCols{Tile<D>::kBlockN},
+                                    SmemBytes{SharedPlan<D, R, kQBuffersOf<D>>::bytes_to_allocate});
+    k.stages = Tile<D>::kStages;
+    k.persistent = true;
+    return k;
   });
 }
 

@@ -8,12 +8,14 @@
 #include <string>
 
 #include "cuda_utils.h"
+#include "hopper/tensor_map.h"
+#include "hopper/traits.h"
 #include "hopper_fwd.h"
-#include "step_kernel.h"
-#include "tensor_map.h"
-#include "traits.h"
+#include "hopper_fwd_steps.h"
 
 namespace fa::stage10 {
+
+using hopper::make_tensor_map;
 
 namespace {
 
@@ -106,9 +108,8 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
   void* args[] = {&params};
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), args, k.smem_bytes, stream));
+  launch(k, grid_for(p, k), args, stream);
 }
 
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype) {
@@ -116,13 +117,13 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   require_hopper(kStageName);
   const Options o = current_options();
   const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
+  prepare_kernel(k);
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("step", o.step == Step::Auto ? "10e (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_r = " + std::to_string(k.block_rows) + ", B_c = " + std::to_string(k.block_cols) +
                                 ", " + std::to_string(k.stages) + " K/V stages");
-  const auto launch = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);
-  rows.insert(rows.end(), launch.begin(), launch.end());
+  const auto shape = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);
+  rows.insert(rows.end(), shape.begin(), shape.end());
   return rows;
 }
 

@@ -9,7 +9,8 @@
 ///                           (8 arrivals, one per warp, after the wgmma that read it)
 /// K and V are released separately: K_j is free as soon as S = Q·K_jᵀ has run, long
 /// before P·V_j has, so the next K tile can be on its way during the softmax.
-/// Iteration n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1:
+/// Iteration n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1
+/// (hopper/pipeline_state.cuh):
 ///
 ///   producer:  wait k_empty[s] (parity ^ 1) → expect_tx + TMA K_j → k_full[s]; the same for V
 ///   consumer:  wait k_full[s] → S = Q·K_jᵀ → arrive k_empty[s] … wait v_full[s] →
@@ -18,9 +19,10 @@
 
 #include <cstdint>
 
-#include "ptx.cuh"
-#include "tile_schedule.h"
-#include "traits.h"
+#include "hopper/pipeline_state.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/traits.h"
 
 namespace fa::stage10 {
 
@@ -148,16 +150,16 @@ __device__ inline void load_q(const SharedTiles<d, Elem, R, kQ>& sm, const FwdPa
 /// The producer's K/V tiles: those the query tile visits, last to first, into the ring, each
 /// as soon as its buffer is free. `ring` counts the tiles this block has put into the ring
 /// before (0 for a block with one query tile), so the n-th use of the ring, over all of the
-/// block's query tiles, takes buffer n % kStages and phase n / kStages.
+/// block's query tiles, takes buffer n % kStages and phase n / kStages (PipelineState).
 template <int d, class Elem, class R, int kQ>
 __device__ inline void load_kv(const SharedTiles<d, Elem, R, kQ>& sm, const FwdParams& p, int bkv, KeyTiles tiles,
                                int ring = 0) {
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages;
   //! [producer loop]
-  // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n in buffer s = (ring + n) % kStages: wait k_empty[s] for parity (((ring + n) / kStages) & 1) ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
+  // LAB BEGIN: the producer's loop — hint: for the n-th tile j = count−1−n, use ring + n of the ring: [s, parity] = PipelineState<kStages>::at(ring + n); wait k_empty[s] for parity ^ 1, expect_tx the K tile's bytes on k_full[s], load it; the same for V
   for (int n = 0; n < tiles.count; ++n) {
-    const int j = tiles.count - 1 - n, s = (ring + n) % kStages;
-    const uint32_t parity = ((ring + n) / kStages) & 1;
+    const int j = tiles.count - 1 - n;
+    const auto [s, parity] = PipelineState<kStages>::at(ring + n);
     mbarrier_wait(&sm.k_empty[s], parity ^ 1);  // the consumers released K of this buffer
     mbarrier_arrive_expect_tx(&sm.k_full[s], tile_bytes(B_c, d));
     load_tile<d>(sm.k_stage(s), B_c, &p.map_k, &sm.k_full[s], j * B_c, bkv);

@@ -34,9 +34,9 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
-#include "step_kernel.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_bwd_steps.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage11 {
 
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(128, 1) bwd_11a(const __grid_constant__ BwdPar
     const int s = n % kStages, bh = work.bh(n), i = work.tile(n), query0 = i * B_r;
     __syncthreads();  // step n − 1 is done: its buffer may be refilled, dSᵀ rewritten
     if (threadIdx.x == 0 && n + 1 < work.steps) sm.load_step(p, (n + 1) % kStages, work.bh(n + 1), work.tile(n + 1));
-    mbarrier_wait(&sm.full[s], (n / kStages) & 1);
+    mbarrier_wait(&sm.full[s], PipelineState<kStages>::at(n).phase);
 
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
@@ -108,11 +108,12 @@ __global__ void __launch_bounds__(128, 1) bwd_11a(const __grid_constant__ BwdPar
 }
 
 StepKernel step_11a(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "11a", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128>("11_hopper_bwd", "11a", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return step_kernel(causal, bwd_11a<D, Elem, true>, bwd_11a<D, Elem, false>, 128, kBlockN11a, kBlockM11a,
-                       Shared11a<D, Elem>::Plan::bytes_to_allocate);
+    return make_step_kernel(causal, bwd_11a<D, Elem, true>, bwd_11a<D, Elem, false>, Threads{128},
+                            BlockRows{kBlockM11a}, BlockCols{kBlockN11a},
+                            SmemBytes{Shared11a<D, Elem>::Plan::bytes_to_allocate});
   });
 }
 

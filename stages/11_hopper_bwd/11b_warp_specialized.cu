@@ -30,9 +30,9 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
-#include "step_kernel.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_bwd_steps.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage11 {
 
@@ -65,9 +65,10 @@ __global__ void __launch_bounds__(S11b::kThreads, 1) bwd_11b(const __grid_consta
   float dv[d / 2] = {}, dk[d / 2] = {};  // dV_c, dK_c: [64 keys, d]
   mbarrier_wait(sm.kv_full, 0);
   for (int n = 0; n < work.steps; ++n) {
-    const int s = n % kStages, bh = work.bh(n), i = work.tile(n), query0 = i * B_r;
+    const int bh = work.bh(n), i = work.tile(n), query0 = i * B_r;
+    const auto [s, parity] = PipelineState<kStages>::at(n);
     Elem* ds = sm.ds_buffer(n % 2);
-    mbarrier_wait(&sm.full[s], (n / kStages) & 1);
+    mbarrier_wait(&sm.full[s], parity);
 
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
@@ -112,11 +113,12 @@ __global__ void __launch_bounds__(S11b::kThreads, 1) bwd_11b(const __grid_consta
 }
 
 StepKernel step_11b(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "11b", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128>("11_hopper_bwd", "11b", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return step_kernel(causal, bwd_11b<D, Elem, true>, bwd_11b<D, Elem, false>, S11b::kThreads, BwdTile<D>::kBlockN,
-                       BwdTile<D>::kBlockM, S11b::Shared<D, Elem>::Plan::bytes_to_allocate);
+    return make_step_kernel(causal, bwd_11b<D, Elem, true>, bwd_11b<D, Elem, false>, Threads{S11b::kThreads},
+                            BlockRows{BwdTile<D>::kBlockM}, BlockCols{BwdTile<D>::kBlockN},
+                            SmemBytes{S11b::Shared<D, Elem>::Plan::bytes_to_allocate});
   });
 }
 

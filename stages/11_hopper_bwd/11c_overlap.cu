@@ -30,9 +30,9 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
-#include "step_kernel.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_bwd_steps.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage11 {
 
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(S11c::kThreads, 1) bwd_11c(const __grid_consta
   for (int n = 0; n < work.steps; ++n) {
     const int s = n % kStages, bh = work.bh(n), i = work.tile(n), query0 = i * B_r;
     Elem* ds = sm.ds_buffer(n % 2);
-    mbarrier_wait(&sm.full[s], (n / kStages) & 1);
+    mbarrier_wait(&sm.full[s], PipelineState<kStages>::at(n).phase);
 
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
@@ -117,11 +117,12 @@ __global__ void __launch_bounds__(S11c::kThreads, 1) bwd_11c(const __grid_consta
 }
 
 StepKernel step_11c(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "11c", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128>("11_hopper_bwd", "11c", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return step_kernel(causal, bwd_11c<D, Elem, true>, bwd_11c<D, Elem, false>, S11c::kThreads, BwdTile<D>::kBlockN,
-                       BwdTile<D>::kBlockM, S11c::Shared<D, Elem>::Plan::bytes_to_allocate);
+    return make_step_kernel(causal, bwd_11c<D, Elem, true>, bwd_11c<D, Elem, false>, Threads{S11c::kThreads},
+                            BlockRows{BwdTile<D>::kBlockM}, BlockCols{BwdTile<D>::kBlockN},
+                            SmemBytes{S11c::Shared<D, Elem>::Plan::bytes_to_allocate});
   });
 }
 

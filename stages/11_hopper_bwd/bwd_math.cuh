@@ -17,9 +17,9 @@
 #include <cstdint>
 
 #include "bwd_traits.h"
-#include "ptx.cuh"
-#include "tile_math.cuh"
-#include "wgmma.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage11 {
 

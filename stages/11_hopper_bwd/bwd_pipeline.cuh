@@ -10,15 +10,17 @@
 ///                  after __syncwarp orders them too, but compute-sanitizer's racecheck does
 ///                  not follow that chain and reports the refill as a race)
 /// Step n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1, as
-/// in stage 10's K/V ring (pipeline.cuh); here the stream is of query tiles, not keys.
+/// in stage 10's K/V ring (hopper/pipeline_state.cuh); here the stream is of query tiles,
+/// not keys.
 #pragma once
 
 #include <cstdint>
 
 #include "bwd_schedule.h"
 #include "bwd_traits.h"
-#include "ptx.cuh"
-#include "traits.h"
+#include "hopper/pipeline_state.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/traits.h"
 
 namespace fa::stage11 {
 
@@ -182,8 +184,8 @@ struct Specialized {
     //! [producer loop]
     sm.load_kv(p, work.key0, work.bkv);
     for (int n = 0; n < work.steps; ++n) {
-      const int s = n % kStages;
-      mbarrier_wait(&sm.empty[s], ((n / kStages) & 1) ^ 1);  // the consumers released buffer s
+      const auto [s, parity] = PipelineState<kStages>::at(n);
+      mbarrier_wait(&sm.empty[s], parity ^ 1);  // the consumers released buffer s
       sm.load_step(p, s, work.bh(n), work.tile(n));
     }
     //! [producer loop]

@@ -17,10 +17,11 @@
 #include <cuda_fp16.h>
 
 #include "bwd_math.cuh"
-#include "step_kernel.h"
+#include "hopper/pipeline_state.cuh"
+#include "hopper/tile_schedule.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_bwd_steps.h"
 #include "step_table.cuh"
-#include "tile_schedule.h"
-#include "wgmma.cuh"
 
 namespace fa::stage11 {
 
@@ -97,10 +98,10 @@ __global__ void __launch_bounds__(128, 1) dq_kernel(const __grid_constant__ BwdP
   float dq[d / 2] = {};  // dQ_i: [64 queries, d]
   mbarrier_wait(q_full, 0);
   for (int j = 0; j < tiles.count; ++j) {
-    const int s = j % kStages;
+    const auto [s, parity] = PipelineState<kStages>::at(j);
     __syncthreads();  // every warp is done with tile j − 1, so its buffer may be refilled
     if (threadIdx.x == 0 && j + 1 < tiles.count) load_kv(j + 1);
-    mbarrier_wait(&kv_full[s], (j / kStages) & 1);
+    mbarrier_wait(&kv_full[s], parity);
 
     float sc[B_c / 2], dp[B_c / 2];  // S, dP: [64 queries, B_c keys]
     wgmma_fence();
@@ -130,11 +131,11 @@ __global__ void __launch_bounds__(128, 1) dq_kernel(const __grid_constant__ BwdP
 }
 
 StepKernel dq_pass(int d, Dtype dtype, bool causal) {
-  return make_step_kernel(d, dtype, "dq_pass", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128>("11_hopper_bwd", "dq_pass", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return step_kernel(causal, dq_kernel<D, Elem, true>, dq_kernel<D, Elem, false>, 128, kBlockNDq, kBlockMDq,
-                       PlanDq<D>::bytes_to_allocate);
+    return make_step_kernel(causal, dq_kernel<D, Elem, true>, dq_kernel<D, Elem, false>, Threads{128},
+                            BlockRows{kBlockMDq}, BlockCols{kBlockNDq}, SmemBytes{PlanDq<D>::bytes_to_allocate});
   });
 }
 

@@ -34,9 +34,9 @@
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
 #include "dq_layout.h"
-#include "step_kernel.h"
+#include "hopper/wgmma.cuh"
+#include "hopper_bwd_steps.h"
 #include "step_table.cuh"
-#include "wgmma.cuh"
 
 namespace fa::stage11 {
 
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
   for (int n = 0; n < work.steps; ++n) {
     const int s = n % kStages, i = work.tile(n), query0 = i * B_r;
     Elem* ds = sm.ds_buffer(n % 2);
-    mbarrier_wait(&sm.full[s], (n / kStages) & 1);
+    mbarrier_wait(&sm.full[s], PipelineState<kStages>::at(n).phase);
 
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
@@ -165,15 +165,17 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
 }
 
 StepKernel step_11d(int d, Dtype dtype, bool causal, bool with_dq) {
-  return make_step_kernel(d, dtype, "11d", [&](auto dim, auto elem) {
+  return instantiate_step<64, 128>("11_hopper_bwd", "11d", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    constexpr size_t smem = S11d::Shared<D, Elem, true>::Plan::bytes_to_allocate;
+    const Threads threads{S11d::kThreads};
+    const BlockRows rows{BwdTile<D>::kBlockM};
+    const BlockCols cols{BwdTile<D>::kBlockN};
+    const SmemBytes smem{S11d::Shared<D, Elem, true>::Plan::bytes_to_allocate};
     if (!with_dq)
-      return step_kernel(causal, bwd_11d<D, Elem, true, false>, bwd_11d<D, Elem, false, false>, S11d::kThreads,
-                         BwdTile<D>::kBlockN, BwdTile<D>::kBlockM, smem);
-    return step_kernel(causal, bwd_11d<D, Elem, true>, bwd_11d<D, Elem, false>, S11d::kThreads, BwdTile<D>::kBlockN,
-                       BwdTile<D>::kBlockM, smem);
+      return make_step_kernel(causal, bwd_11d<D, Elem, true, false>, bwd_11d<D, Elem, false, false>, threads, rows,
+                              cols, smem);
+    return make_step_kernel(causal, bwd_11d<D, Elem, true>, bwd_11d<D, Elem, false>, threads, rows, cols, smem);
   });
 }
 

@@ -11,18 +11,18 @@
 
 #include "bwd_traits.h"
 #include "cuda_utils.h"
+#include "hopper/tensor_map.h"
 #include "hopper_bwd.h"
+#include "hopper_bwd_steps.h"
 #include "prep.h"
 #include "scratch.h"
-#include "step_kernel.h"
-#include "tensor_map.h"
 
 namespace fa::stage11 {
 
 namespace {
 
 constexpr const char* kStageName = "11_hopper_bwd";
-using stage10::make_tensor_map;
+using hopper::make_tensor_map;
 
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
@@ -59,9 +59,8 @@ dim3 dq_grid_for(const Problem& p, const StepKernel& k) {
 int64_t padded_rows(const Problem& p) { return (int64_t(p.seq_q) + kQueryPad - 1) / kQueryPad * kQueryPad; }
 
 void launch(const StepKernel& k, dim3 grid, BwdParams& params, cudaStream_t stream) {
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
   void* args[] = {&params};
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid, dim3(unsigned(k.threads)), args, k.smem_bytes, stream));
+  fa::launch(k, grid, args, stream);
 }
 
 }  // namespace
@@ -158,7 +157,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   require_hopper(kStageName);
   const Options o = current_options();
   const StepKernel k = kernel_for(o, p.head_dim, dtype, p.causal);
-  FA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem_bytes)));
+  prepare_kernel(k);
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("step", o.step == Step::Auto ? "11d (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_c = " + std::to_string(k.block_cols) + " keys per block, B_r = " +
@@ -171,7 +170,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   rows.insert(rows.end(), launch_rows.begin(), launch_rows.end());
   if (o.deterministic) {
     const StepKernel dq = dq_pass(p.head_dim, dtype, p.causal);
-    FA_CUDA_CHECK(cudaFuncSetAttribute(dq.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
+    prepare_kernel(dq);
     for (auto [key, value] : describe_launch(dq.fn, dq_grid_for(p, dq), dim3(unsigned(dq.threads)), dq.smem_bytes))
       rows.emplace_back("dQ kernel " + key, value);
   }

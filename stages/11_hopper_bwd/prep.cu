@@ -9,11 +9,11 @@
 #include <cstdint>
 
 #include "bwd_traits.h"
-#include "dq_layout.h"
 #include "cuda_utils.h"
 #include "dispatch.cuh"
+#include "dq_layout.h"
+#include "hopper/tile_math.cuh"
 #include "prep.h"
-#include "tile_math.cuh"
 
 namespace fa::stage11 {
 

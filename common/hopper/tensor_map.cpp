@@ -1,13 +1,13 @@
 // Tensor maps through the driver's cuTensorMapEncodeTiled, found at run time with the
 // runtime's cudaGetDriverEntryPointByVersion (so nothing links libcuda directly).
-#include "tensor_map.h"
+#include "hopper/tensor_map.h"
 
 #include <cuda_runtime.h>
 
 #include <stdexcept>
 #include <string>
 
-namespace fa::stage10 {
+namespace fa::hopper {
 
 namespace {
 
@@ -50,4 +50,4 @@ CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64
   return map;
 }
 
-}  // namespace fa::stage10
+}  // namespace fa::hopper

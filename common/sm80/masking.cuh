@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "tile_index.h"
+#include "sm80/tile_index.h"
 
 namespace fa::stage08 {
 

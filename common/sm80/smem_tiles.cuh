@@ -15,9 +15,9 @@
 
 #include <cstdint>
 
-#include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
-#include "mma.cuh"
-#include "tile_index.h"
+#include "sm80/cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
+#include "sm80/mma.cuh"
+#include "sm80/tile_index.h"
 
 namespace fa::stage08 {
 

@@ -61,7 +61,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "tile_index.h"
+#include "sm80/tile_index.h"
 
 namespace fa::stage08 {
 

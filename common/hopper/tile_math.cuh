@@ -18,9 +18,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ptx.cuh"
-#include "traits.h"
-#include "wgmma.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/traits.h"
+#include "hopper/wgmma.cuh"
 
 namespace fa::stage10 {
 

@@ -3,7 +3,7 @@
 /// the copy engine.
 ///
 /// A tensor map is a 128-byte descriptor made on the host and passed to the kernel by
-/// value (a __grid_constant__ parameter). Stage 10's maps are 3-D, innermost first:
+/// value (a __grid_constant__ parameter). The maps of stages 10 and 11 are 3-D, innermost first:
 ///     (d, seq, batch·heads)   strides (2·d bytes, 2·d·seq bytes)
 /// with a box of [rows, 64] elements: 64 columns = 128 bytes, the widest box the 128-byte
 /// swizzle takes, so a [rows, d] tile is d/64 boxes. Because the heads are the third
@@ -17,7 +17,7 @@
 
 #include "problem.h"
 
-namespace fa::stage10 {
+namespace fa::hopper {
 
 /// A map of a [heads_total][seq][d] tensor of 16-bit `dtype` at `base` with boxes of
 /// [box_rows, 64], 128-byte swizzle. Throws std::runtime_error naming the stage `who` and
@@ -25,4 +25,4 @@ namespace fa::stage10 {
 CUtensorMap make_tensor_map(const void* base, Dtype dtype, int d, int seq, int64_t heads_total, int box_rows,
                             const char* who, const char* what);
 
-}  // namespace fa::stage10
+}  // namespace fa::hopper

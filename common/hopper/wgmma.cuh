@@ -52,8 +52,8 @@
 
 #include <cstdint>
 
-#include "ptx.cuh"
-#include "wgmma_ops.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/wgmma_ops.cuh"
 
 namespace fa::hopper {
 
