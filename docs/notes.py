@@ -22,6 +22,10 @@ converts a copy of it, line for line, into what Doxygen reads. The format:
     <!-- lab-hint: 05 online update                      prose that a lab tree shows where
     What the region must do, in words. -->               stage 05's region "online update" is
                                                          stubbed (hidden elsewhere)
+    is <!-- calc: 16*8*16 -->2048 multiply-adds          a number computed from the cards'
+                                                         figures (docs/hardware.csv): `sync`
+                                                         writes it, `check` fails if it differs
+                                                         (docs/notes_calc.py)
 
 A literal dollar sign is written `\\$`. Links to other files of the repository (CSV,
 notebooks, scripts) become their path in code type on the site.
@@ -30,7 +34,8 @@ notebooks, scripts) become their path in code type on the site.
                                              its path in the repository (line numbers kept)
     notes.py sync [--check] [--repo ROOT] [FILES]
                                              refresh the code under every snippet marker from
-                                             the sources (--check: exit 1 and list stale ones)
+                                             the sources and every calc value from the cards'
+                                             table (--check: exit 1 and list stale ones)
     notes.py check [--repo ROOT] [--strict]  every note: snippets current, no Doxygen-only
                                              syntax in a note of this format (--strict: and no
                                              note left in the old Doxygen format)
@@ -52,6 +57,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from notes_tree import (DOXYGEN_ONLY_RE, SOURCE_EXTS, Note, NoteError, Tree, note_files,  # noqa: E402,F401
                         read_note, split_fences, strip_code, sync_text)
 from notes_doxygen import migrate_text, to_doxygen  # noqa: E402,F401
+from notes_calc import calc_text, load_cards  # noqa: E402
+
+HARDWARE_CSV = "docs/hardware.csv"
+
+
+def cards_of(repo: Path) -> dict:
+    """The cards' figures (docs/hardware.csv) that calc markers compute from; none if absent."""
+    path = repo / HARDWARE_CSV
+    return load_cards(path) if path.is_file() else {}
+
+
+def sync_all(text: str, note_path: Path, tree: Tree) -> str:
+    """Snippets refreshed from the sources and calc values from the cards' table."""
+    return calc_text(sync_text(text, note_path, tree), cards_of(tree.repo))[0]
 
 
 # ----------------------------------------------------------------------------- labs
@@ -95,11 +114,12 @@ def show_lab_hints(text: str, stubbed: set[tuple[str, str]]) -> str:
 
 # ----------------------------------------------------------------------------- checks
 def check_note(tree: Tree, note: Note) -> list[str]:
-    """Problems of one note: stale snippets, Doxygen-only syntax in a plain note, and what
-    the conversion refuses (missing link targets, images, snippet files)."""
+    """Problems of one note: stale snippets, calc values that differ from the cards' table,
+    Doxygen-only syntax in a plain note, and what the conversion refuses (missing link
+    targets, images, snippet files)."""
     if note.legacy:
         return []
-    problems = []
+    problems = calc_text(note.text, cards_of(tree.repo), note.rel)[1]
     for m in DOXYGEN_ONLY_RE.finditer(strip_code(note.text)):
         line = note.text[:note.text.find(m.group(0))].count("\n") + 1
         problems.append(f"{note.rel}:{line}: Doxygen-only syntax '{m.group(0).strip()}' in a "
@@ -170,7 +190,7 @@ def main(argv=None) -> int:
             note = tree.notes.get(p.relative_to(tree.repo).as_posix()) or read_note(p, tree.repo)
             if note.legacy:
                 continue
-            fresh = sync_text(note.text, note.path, tree)
+            fresh = sync_all(note.text, note.path, tree)
             if fresh != note.text:
                 stale.append(note.rel)
                 if not a.check:
