@@ -17,7 +17,8 @@ functions floor, ceil, min, max, round. An optional `as SPEC` formats the value:
   a Python format spec (`.2f`, `,.0f`, `.0%`)
 `docs/notes.py sync` writes the value after each marker; `docs/notes.py check` (CTest
 notes_format) reports a value that differs, so a number typed by hand cannot drift from the
-table. Markers stay out of math (`$…$`) and code; the site shows the value only.
+table. Markers stay out of math (`$…$`); in code (a fenced block, a code span) a marker is
+quoted text, not a marker. The site shows the value only.
 
 Python standard library only.
 """
@@ -153,7 +154,11 @@ def calc_text(text: str, cards, where: str = "") -> tuple[str, list[str]]:
         if not prose[k] or "calc:" not in line:
             continue
 
+        code = [c.span() for c in re.finditer(r"`[^`]*`", line)]
+
         def fill(m: re.Match) -> str:
+            if any(a <= m.start() < b for a, b in code):  # quoted in a code span: not a marker
+                return m.group(0)
             try:
                 want = compute(m.group("expr"), cards)
             except CalcError as e:
@@ -170,5 +175,6 @@ def calc_text(text: str, cards, where: str = "") -> tuple[str, list[str]]:
 
 
 def strip_markers(line: str) -> str:
-    """A prose line for the site: the markers go, the values stay."""
+    """A prose line for the site (its code spans already taken out): the markers go, the
+    values stay."""
     return re.sub(r"<!--[ \t]*calc:.*?-->", "", line)

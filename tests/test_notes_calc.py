@@ -108,6 +108,10 @@ class Marker(unittest.TestCase):
                 notes_calc.compute(expr, cards)
             self.assertIn(words, str(e.exception), expr)
 
+    def test_code_span_is_quoted_text(self):
+        text = "write `<!-- calc: 2*3 -->7` in a note"
+        self.assertEqual(notes_calc.calc_text(text, {}, "n"), (text, []))
+
     def test_site_shows_the_value(self):
         self.assertEqual(notes_calc.strip_markers("is <!-- calc: 16*8*16 -->2048 MACs"), "is 2048 MACs")
 
