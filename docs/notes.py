@@ -78,14 +78,22 @@ LAB_HINT_RE = re.compile(r"^[ \t]*<!--[ \t]*lab-hint:[ \t]*(\d\d)[ \t]+(.+?)[ \t
 LAB_BEGIN_RE = re.compile(r"^\s*//\s*LAB BEGIN:\s*(.+?)\s+(?:—|-)\s+hint:", re.M)
 
 
+# The shared device layers belong to the lab of the stage that introduces them (as in
+# scripts/make_lab.py's LAYER_STAGES).
+LAYER_STAGES = {"common/sm80": "08", "common/hopper": "10"}
+
+
 def lab_regions(repo: Path) -> dict[str, set[str]]:
-    """Stage number → the names of its lab regions (the LAB BEGIN lines of its sources)."""
+    """Stage number → the names of its lab regions (the LAB BEGIN lines of its sources and of
+    the layer it introduces under common/)."""
     found: dict[str, set[str]] = {}
-    for folder in sorted((repo / "stages").glob("[0-9][0-9]_*")):
+    folders = [(f, f.name[:2]) for f in sorted((repo / "stages").glob("[0-9][0-9]_*"))]
+    folders += [(repo / layer, stage) for layer, stage in LAYER_STAGES.items() if (repo / layer).is_dir()]
+    for folder, stage in folders:
         for p in folder.rglob("*"):
             if p.is_file() and p.suffix in SOURCE_EXTS:
                 for m in LAB_BEGIN_RE.finditer(p.read_text(encoding="utf-8", errors="replace")):
-                    found.setdefault(folder.name[:2], set()).add(m.group(1))
+                    found.setdefault(stage, set()).add(m.group(1))
     return found
 
 

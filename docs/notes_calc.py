@@ -17,7 +17,8 @@ functions floor, ceil, min, max, round. An optional `as SPEC` formats the value:
   a Python format spec (`.2f`, `,.0f`, `.0%`)
 `docs/notes.py sync` writes the value after each marker; `docs/notes.py check` (CTest
 notes_format) reports a value that differs, so a number typed by hand cannot drift from the
-table. Markers stay out of math (`$…$`); in code (a fenced block, a code span) a marker is
+table. Markers stay out of math (`$…$`) and never open a line (CommonMark would read the line
+as an HTML block); in code (a fenced block, a code span) a marker is
 quoted text, not a marker. The site shows the value only.
 
 Python standard library only.
@@ -155,6 +156,9 @@ def calc_text(text: str, cards, where: str = "") -> tuple[str, list[str]]:
             continue
 
         code = [c.span() for c in re.finditer(r"`[^`]*`", line)]
+        if re.match(r"^[ \t]*(?:[-*+][ \t]+|\d+\.[ \t]+)?<!--[ \t]*calc:", line):
+            problems.append(f"{where}:{k + 1}: a calc marker starts the line: CommonMark reads a line that "
+                            f"opens with '<!--' as an HTML block and breaks the paragraph; put a word before it")
 
         def fill(m: re.Match) -> str:
             if any(a <= m.start() < b for a, b in code):  # quoted in a code span: not a marker

@@ -430,6 +430,11 @@ class ThisRepository(unittest.TestCase):
                 self.assertTrue(r.body, f"{r.where}: region \"{r.name}\" is empty")
 
 
+    def test_the_notes_know_the_layers(self):
+        sys.path.insert(0, str(ROOT / "docs"))
+        import notes  # docs/notes.py checks lab-hint names against the same layers
+        self.assertEqual({k.rstrip("/"): v for k, v in make_lab.LAYER_STAGES.items()}, notes.LAYER_STAGES)
+
     def test_every_hopper_step_is_guarded_on_what_it_runs(self):
         tree = make_lab.load_tree(ROOT)
         guards = {g.function: {r.name for r in g.regions} for g in make_lab.plan_guards(tree, {"10", "11"})}

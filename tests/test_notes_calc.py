@@ -108,6 +108,12 @@ class Marker(unittest.TestCase):
                 notes_calc.compute(expr, cards)
             self.assertIn(words, str(e.exception), expr)
 
+    def test_marker_must_not_open_a_line(self):
+        for text in ("<!-- calc: 2*3 -->6 at the start", "  <!-- calc: 2*3 -->6", "- <!-- calc: 2*3 -->6"):
+            problems = notes_calc.calc_text(text, {}, "n")[1]
+            self.assertEqual(len(problems), 1, text)
+            self.assertIn("starts the line", problems[0])
+
     def test_code_span_is_quoted_text(self):
         text = "write `<!-- calc: 2*3 -->7` in a note"
         self.assertEqual(notes_calc.calc_text(text, {}, "n"), (text, []))

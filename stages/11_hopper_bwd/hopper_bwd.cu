@@ -145,10 +145,12 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
       wgmma_wait<1>();  // dQ is done; dV and dK may still run
       fence_registers(dq);
       //! [dq handover]
+      // LAB BEGIN: the dQ handover — hint: wait on dq_empty (one phase per step: parity (n & 1) ^ 1) until the writer has read the previous step's blocks; stage_dq into this consumer's buffer; fence_proxy_async_smem (the copy engine reads these generic stores); arrive on dq_full[c]
       mbarrier_wait(sm.dq_empty, (n & 1) ^ 1);  // the writer has read step n − 1's blocks
       stage_dq(dq, sm, c);
       fence_proxy_async_smem();  // the copy engine reads what these generic stores wrote
       mbarrier_arrive(&sm.dq_full[c]);
+      // LAB END
       //! [dq handover]
     }
     wgmma_wait<0>();
