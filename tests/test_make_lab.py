@@ -443,6 +443,9 @@ class ThisRepository(unittest.TestCase):
         self.assertNotIn("the dQ reduction", guards["step_11d"])  # 11d reduces dQ by bulk copies
         self.assertIn("the dQ reduction", guards["step_11c"])
         self.assertIn("the producer's loop", guards["step_10e"])
+        for region in ("the ping-pong turn", "wait for S only", "release Q"):
+            self.assertEqual([f for f, names in guards.items() if region in names], ["step_10e"], region)
+        self.assertEqual([f for f, names in guards.items() if "the dQ handover" in names], ["step_11d"])
 
 
 if __name__ == "__main__":
