@@ -22,6 +22,10 @@ converts a copy of it, line for line, into what Doxygen reads. The format:
     <!-- lab-hint: 05 online update                      prose that a lab tree shows where
     What the region must do, in words. -->               stage 05's region "online update" is
                                                          stubbed (hidden elsewhere)
+    is <!-- calc: 16*8*16 -->2048 multiply-adds          a number computed from the cards'
+                                                         figures (docs/hardware.csv): `sync`
+                                                         writes it, `check` fails if it differs
+                                                         (docs/notes_calc.py)
 
 A literal dollar sign is written `\\$`. Links to other files of the repository (CSV,
 notebooks, scripts) become their path in code type on the site.
@@ -30,7 +34,8 @@ notebooks, scripts) become their path in code type on the site.
                                              its path in the repository (line numbers kept)
     notes.py sync [--check] [--repo ROOT] [FILES]
                                              refresh the code under every snippet marker from
-                                             the sources (--check: exit 1 and list stale ones)
+                                             the sources and every calc value from the cards'
+                                             table (--check: exit 1 and list stale ones)
     notes.py check [--repo ROOT] [--strict]  every note: snippets current, no Doxygen-only
                                              syntax in a note of this format (--strict: and no
                                              note left in the old Doxygen format)
@@ -52,6 +57,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from notes_tree import (DOXYGEN_ONLY_RE, SOURCE_EXTS, Note, NoteError, Tree, note_files,  # noqa: E402,F401
                         read_note, split_fences, strip_code, sync_text)
 from notes_doxygen import migrate_text, to_doxygen  # noqa: E402,F401
+from notes_calc import calc_text, load_cards  # noqa: E402
+
+HARDWARE_CSV = "docs/hardware.csv"
+
+
+def cards_of(repo: Path) -> dict:
+    """The cards' figures (docs/hardware.csv) that calc markers compute from; none if absent."""
+    path = repo / HARDWARE_CSV
+    return load_cards(path) if path.is_file() else {}
+
+
+def sync_all(text: str, note_path: Path, tree: Tree) -> str:
+    """Snippets refreshed from the sources and calc values from the cards' table."""
+    return calc_text(sync_text(text, note_path, tree), cards_of(tree.repo))[0]
 
 
 # ----------------------------------------------------------------------------- labs
@@ -59,14 +78,22 @@ LAB_HINT_RE = re.compile(r"^[ \t]*<!--[ \t]*lab-hint:[ \t]*(\d\d)[ \t]+(.+?)[ \t
 LAB_BEGIN_RE = re.compile(r"^\s*//\s*LAB BEGIN:\s*(.+?)\s+(?:—|-)\s+hint:", re.M)
 
 
+# The shared device layers belong to the lab of the stage that introduces them (as in
+# scripts/make_lab.py's LAYER_STAGES).
+LAYER_STAGES = {"common/sm80": "08", "common/hopper": "10"}
+
+
 def lab_regions(repo: Path) -> dict[str, set[str]]:
-    """Stage number → the names of its lab regions (the LAB BEGIN lines of its sources)."""
+    """Stage number → the names of its lab regions (the LAB BEGIN lines of its sources and of
+    the layer it introduces under common/)."""
     found: dict[str, set[str]] = {}
-    for folder in sorted((repo / "stages").glob("[0-9][0-9]_*")):
+    folders = [(f, f.name[:2]) for f in sorted((repo / "stages").glob("[0-9][0-9]_*"))]
+    folders += [(repo / layer, stage) for layer, stage in LAYER_STAGES.items() if (repo / layer).is_dir()]
+    for folder, stage in folders:
         for p in folder.rglob("*"):
             if p.is_file() and p.suffix in SOURCE_EXTS:
                 for m in LAB_BEGIN_RE.finditer(p.read_text(encoding="utf-8", errors="replace")):
-                    found.setdefault(folder.name[:2], set()).add(m.group(1))
+                    found.setdefault(stage, set()).add(m.group(1))
     return found
 
 
@@ -95,11 +122,12 @@ def show_lab_hints(text: str, stubbed: set[tuple[str, str]]) -> str:
 
 # ----------------------------------------------------------------------------- checks
 def check_note(tree: Tree, note: Note) -> list[str]:
-    """Problems of one note: stale snippets, Doxygen-only syntax in a plain note, and what
-    the conversion refuses (missing link targets, images, snippet files)."""
+    """Problems of one note: stale snippets, calc values that differ from the cards' table,
+    Doxygen-only syntax in a plain note, and what the conversion refuses (missing link
+    targets, images, snippet files)."""
     if note.legacy:
         return []
-    problems = []
+    problems = calc_text(note.text, cards_of(tree.repo), note.rel)[1]
     for m in DOXYGEN_ONLY_RE.finditer(strip_code(note.text)):
         line = note.text[:note.text.find(m.group(0))].count("\n") + 1
         problems.append(f"{note.rel}:{line}: Doxygen-only syntax '{m.group(0).strip()}' in a "
@@ -170,7 +198,7 @@ def main(argv=None) -> int:
             note = tree.notes.get(p.relative_to(tree.repo).as_posix()) or read_note(p, tree.repo)
             if note.legacy:
                 continue
-            fresh = sync_text(note.text, note.path, tree)
+            fresh = sync_all(note.text, note.path, tree)
             if fresh != note.text:
                 stale.append(note.rel)
                 if not a.check:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from notes_calc import strip_markers as strip_calc_markers
 from notes_tree import (ANCHOR_LINE_RE, CODE_SPAN_RE, DISPLAY_INLINE_RE, GENERATED_PAGES,
                         HEADING_RE, IMAGE_DIRS, INLINE_MATH_RE, LINK_RE, OLD_HEADING_RE, SOURCE_EXTS,
                         Note, NoteError, Protect, Tree, notebook_label, snippet_blocks, split_fences,
@@ -106,6 +107,7 @@ class Converter:
     def inline(self, line: str, i: int) -> str:
         protect = Protect()
         line = CODE_SPAN_RE.sub(lambda m: protect.put(no_autolink(m.group(0))), line)
+        line = strip_calc_markers(line)  # the site shows a computed number, not its formula
         line = re.sub(r"<!--.*?-->", lambda m: protect.put(m.group(0)), line)
         line = no_autolink(line)
         line = DISPLAY_INLINE_RE.sub(lambda m: protect.put(f"\\f[{m.group(1)}\\f]"), line)

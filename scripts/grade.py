@@ -195,19 +195,24 @@ def summarise(results: dict[str, Result], folders: dict[str, str],
         parts = [("", f"stage{number}")]
         if f"stage{number}_forward" in results or f"stage{number}_forward" in known:
             parts = [(", forward alone", f"stage{number}_forward"), (", all its tests", f"stage{number}")]
+        elif not ({f"stage{number}"} & (set(results) | known)) and \
+                f"stage{number}_cpu" in set(results) | known:
+            # A GPU stage with a CPU part (stage 12's CPU ring): a build without CUDA grades that.
+            parts = [(", CPU part", f"stage{number}_cpu")]
         for label, test in parts:
             r = results.get(test)
             state, text = verdict_of(r, number, test in known)
             if r is not None and state in ("not implemented", "waiting", "failed"):
                 left = [x for x in pending.get(number, []) if x not in r.stubs.get(number, [])]
-                if left and test == f"stage{number}":
+                if left and test in (f"stage{number}", f"stage{number}_cpu"):
                     text += f"; still stubbed in the source: {quoted(left)}"
             verdict["stages"][test[len("stage"):]] = {"state": state, "stubs": r.stubs if r else {}}
             lines.append(f"stage {folder}{label}: {text}")
             if r is not None and state == "failed":
                 lines += ["    " + x for x in r.comparison]
 
-    stage_tests = {f"stage{n}" for n in folders} | {f"stage{n}_forward" for n in folders} | {"harness"}
+    stage_tests = ({f"stage{n}" for n in folders} | {f"stage{n}_forward" for n in folders}
+                   | {f"stage{n}_cpu" for n in folders if f"{n}_cpu" in verdict["stages"]} | {"harness"})
     others = {n: r for n, r in results.items() if n not in stage_tests}
     unselected = sorted(n for n in known - set(results) if n not in stage_tests)
     if others or unselected:
@@ -248,7 +253,7 @@ def check_expectation(verdict: dict, expected: set[str], folders: dict[str, str]
     problems = []
     if verdict["harness"] != "passed":
         problems.append(f"harness: {verdict['harness']} (expected passed)")
-    for key, v in verdict["stages"].items():  # "06", and "06_forward" for a forward alone
+    for key, v in verdict["stages"].items():  # "06", "06_forward" for a forward alone, "12_cpu"
         number = key[:2]
         if number in expected:
             # A GPU stage without a GPU (skipped) or without nvcc (missing) cannot show it.

@@ -69,8 +69,13 @@ MANIFEST = ".lab.json"
 # folder) whose file contains or includes the region. Stages not listed use the default.
 DEFAULT_HOST_ENTRY_POINTS = ("forward", "backward")
 # Stages 10 and 11: every step file instantiates its kernel in its step_1Nx() function.
+# These launchers sit in the file of the kernel they launch, so each is guarded only on the
+# regions its file reaches (it names the region's function, or names a function of the
+# included files that does, and so on): step_11d never calls add_dq, so a stub of "the dQ
+# reduction" leaves 11d runnable. The default launchers (a launch file apart from the
+# kernels' files, as in stage 09) are guarded on every region they include.
 HOST_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
-    "10": ("step_10a", "step_10b", "step_10c", "step_10d"),
+    "10": ("step_10a", "step_10b", "step_10c", "step_10d", "step_10e"),
     "11": ("step_11a", "step_11b", "step_11c", "step_11d"),
 }
 
@@ -526,6 +531,34 @@ def includes_before(tree: Tree, file: str, line: int) -> set[str]:
     return seen
 
 
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def functions_reached(tree: Tree, file: str, reach: set[str]) -> set[str]:
+    """Names of the functions that the code of `file` can reach: the identifiers of `file`,
+    then those in the bodies of the functions of `reach` (the files it includes) that they
+    name, and so on. A superset (a name is enough, overloads and scopes are not told apart)."""
+    bodies: dict[str, list[str]] = {}
+    for f in reach:
+        try:
+            code = blank_non_code(tree.texts.get(f) or read(tree.root / f))
+        except OSError:
+            continue
+        lines = code.split("\n")
+        for fn in analyse(code)[1]:
+            bodies.setdefault(fn.name, []).append("\n".join(lines[fn.open_line - 1:fn.close_line or len(lines)]))
+    todo = set(IDENTIFIER.findall(blank_non_code(tree.texts.get(file) or read(tree.root / file))))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for body in bodies.get(name, []):
+            todo.update(set(IDENTIFIER.findall(body)) - seen)
+    return seen
+
+
 @dataclass
 class Guard:
     file: str
@@ -563,7 +596,9 @@ def plan_guards(tree: Tree, stages: set[str]) -> list[Guard]:
                 # Its guard sees the #define of a region above it in the same file, or in
                 # a file it includes before its body.
                 reach = includes_before(tree, f, fn.open_line)
-                mine = [r for r in device if r.file in reach or (r.file == f and r.end < fn.open_line)]
+                used = functions_reached(tree, f, reach) if stage in HOST_ENTRY_POINTS else None
+                mine = [r for r in device if (r.file in reach or (r.file == f and r.end < fn.open_line))
+                        and (used is None or r.function in used)]
                 if mine:
                     guards.append(Guard(f, fn.name, fn.open_line, mine))
                     covered.update((r.file, r.name) for r in mine)

@@ -3,7 +3,7 @@
 here: a failing stage shows its case and every comparison line; a stage whose forward is
 graded alone gets a line per part; a test the build has but the run did not select reads
 "not selected", one the build lacks "not built here"; --expect-not-implemented counts the
-forward part like its stage."""
+forward part like its stage; a GPU stage's CPU test (stage12_cpu) is graded as the stage."""
 import sys
 import tempfile
 import unittest
@@ -68,6 +68,20 @@ class Summary(unittest.TestCase):
         self.assertIn("stage 06_tiled_cpu, forward alone: not selected (not among the tests this run was asked for)", lines)
         self.assertIn("stage 07_smem_cuda: not built here (no test program: GPU stages need a CUDA build)", lines)
         self.assertIn("other tests: 0 passed; 1 not selected", lines)
+
+    def test_cpu_part_of_a_gpu_stage(self):
+        folders = dict(FOLDERS, **{"12": "12_ring_attention"})
+        stub = 'not implemented: stage 12, region "merge a partial result"\n'
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "r.xml"
+            path.write_text(junit([("harness", "passed", ""), ("stage12_cpu", "failed", stub),
+                                   ("cli_stage12", "failed", stub)]))
+            lines, v = grade.summarise(grade.read_junit(path), folders, {})
+        self.assertIn('stage 12_ring_attention, CPU part: not implemented (region "merge a partial result")', lines)
+        self.assertEqual(v["stages"]["12_cpu"]["state"], "not implemented")
+        self.assertNotIn("stage12_cpu", v["others"])
+        self.assertEqual(grade.check_expectation(v, {"12"}, folders), [])
+        self.assertNotEqual(grade.check_expectation(v, set(), folders), [])
 
 
 if __name__ == "__main__":

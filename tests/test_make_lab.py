@@ -362,6 +362,45 @@ class Tree(unittest.TestCase):
         self.assertIn("#if defined(FA_LAB_PENDING_07_1)", y)
         self.assertIn("#define FA_LAB_PENDING_07_1", (self.out / "stages/07_y/scores.cuh").read_text())
 
+    def test_a_launcher_that_never_reaches_the_region_is_not_guarded(self):
+        # Stage 11's step_11d includes add_dq's header but never calls it: a stub of that
+        # region must not stop 11d, while every launcher that reaches it (directly or
+        # through another function of the header) refuses to run.
+        header = src("""
+            #pragma once
+            template <int N>
+            __device__ void scores(float (&S)[N]) {
+              // LAB BEGIN: scores — hint: S = Q K^T
+              for (int k = 0; k < N; ++k) S[k] = 1.0f;
+              // LAB END
+            }
+            template <int N>
+            __device__ void tile(float (&S)[N]) { scores(S); }
+            __device__ inline void other(float* x) { x[0] = 0.f; }
+        """)
+        (self.repo / "stages/07_y/scores.cuh").write_text(header)
+        cu = CUDA.split("namespace fa::stage07 {")[1].split("__global__")[1]
+        (self.repo / "stages/07_y/y.cu").write_text(
+            '#include "scores.cuh"\n\nnamespace fa::stage07 {\n__global__' + cu.replace("scores(S);", "tile(S);"))
+        (self.repo / "stages/07_y/z.cu").write_text(src("""
+            #include "scores.cuh"
+
+            namespace fa::stage07 {
+            __global__ void kernel_b(float* out) { other(out); }
+
+            void backward(float* out) {
+              kernel_b<<<1, 1>>>(out);
+            }
+            }  // namespace fa::stage07
+        """))
+        make_lab.HOST_ENTRY_POINTS["07"] = ("forward", "backward")  # launchers beside their kernels
+        try:
+            self.generate("07")
+        finally:
+            del make_lab.HOST_ENTRY_POINTS["07"]
+        self.assertIn("#if defined(FA_LAB_PENDING_07_1)", (self.out / "stages/07_y/y.cu").read_text())
+        self.assertNotIn("FA_LAB_PENDING", (self.out / "stages/07_y/z.cu").read_text())
+
     def test_the_command_line_reports_file_and_line(self):
         (self.repo / "stages/05_x/x.cpp").write_text(sub(GOOD, "    // LAB END\n", ""))
         r = subprocess.run([sys.executable, str(ROOT / "scripts/make_lab.py"), "--repo", str(self.repo),
@@ -389,6 +428,24 @@ class ThisRepository(unittest.TestCase):
             for r in regions:
                 self.assertTrue(r.hint, r.where)
                 self.assertTrue(r.body, f"{r.where}: region \"{r.name}\" is empty")
+
+
+    def test_the_notes_know_the_layers(self):
+        sys.path.insert(0, str(ROOT / "docs"))
+        import notes  # docs/notes.py checks lab-hint names against the same layers
+        self.assertEqual({k.rstrip("/"): v for k, v in make_lab.LAYER_STAGES.items()}, notes.LAYER_STAGES)
+
+    def test_every_hopper_step_is_guarded_on_what_it_runs(self):
+        tree = make_lab.load_tree(ROOT)
+        guards = {g.function: {r.name for r in g.regions} for g in make_lab.plan_guards(tree, {"10", "11"})}
+        for step in ("10a", "10b", "10c", "10d", "10e", "11a", "11b", "11c", "11d"):
+            self.assertIn(f"step_{step}", guards, f"step {step} would launch a stubbed kernel")
+        self.assertNotIn("the dQ reduction", guards["step_11d"])  # 11d reduces dQ by bulk copies
+        self.assertIn("the dQ reduction", guards["step_11c"])
+        self.assertIn("the producer's loop", guards["step_10e"])
+        for region in ("the ping-pong turn", "wait for S only", "release Q"):
+            self.assertEqual([f for f, names in guards.items() if region in names], ["step_10e"], region)
+        self.assertEqual([f for f, names in guards.items() if "the dQ handover" in names], ["step_11d"])
 
 
 if __name__ == "__main__":

@@ -141,8 +141,10 @@ __device__ inline void prefetch_tensor_map(const CUtensorMap* map) {
 
 /// Orders this thread's earlier generic-proxy shared-memory writes before later
 /// async-proxy accesses (a TMA store, a wgmma reading an operand written by ordinary
-/// stores) that a barrier lets run. Stage 10 does not need it: every tile wgmma reads was
-/// written by TMA, and the epilogue reads its staging with ordinary loads (exercise 3).
+/// stores) that a barrier lets run. Stage 10 needs it once: in step 10e the producer's TMA
+/// of the next Q_i overwrites the tile that the epilogue wrote and read with ordinary stores
+/// and loads (hopper_fwd.cu, before q_empty). Stage 11 needs it before wgmma reads the dSᵀ
+/// its threads stored, and before the bulk reduction reads the dQ staging.
 __device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /// Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits until

@@ -1,7 +1,7 @@
 /// \file tile_math.cuh
 /// \brief The softmax side of stage 10, on wgmma accumulator fragments: masking, the
-/// online softmax, P as A fragments, and the epilogue (O through shared memory and a TMA
-/// store, L from registers). One warpgroup owns 64 query rows; every function here runs in
+/// online softmax, P as A fragments, and the epilogue (O through shared memory and 16-byte
+/// stores, L from registers). One warpgroup owns 64 query rows; every function here runs in
 /// all 128 of its threads.
 ///
 /// A thread's view (wgmma.cuh): with w = warp in the warpgroup, g = lane / 4, t = lane % 4,

@@ -10,7 +10,8 @@
 namespace fa::stage10 {
 
 /// Tile sizes at head dim d. B_r = 128 query rows per block (two consumer warpgroups of
-/// 64 rows; step 10a uses 64 rows and one warpgroup), B_c keys per K/V tile, kStages K/V
+/// 64 rows; step 10a uses 64 rows and one warpgroup; from step 10d, three warpgroups and
+/// 192 rows at d = 64: kConsumers), B_c keys per K/V tile, kStages K/V
 /// buffers in the ring. Shared memory at d = 128: Q 32 KB + 2 × (K 32 KB + V 32 KB) = 160 KB
 /// of the 227 KB a block may have; d = 256 halves B_c to stay inside it.
 template <int d>

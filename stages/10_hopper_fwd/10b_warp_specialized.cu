@@ -16,7 +16,7 @@
 //       wait k_full[s];  S = Q_w·K_jᵀ (wgmma, wait);  release K_j
 //       mask on-band tiles;  online softmax → P, α;  O ← α·O
 //       wait v_full[s];  O += P·V_j (wgmma, wait);  release V_j
-//     O ← O / l;  L = scale·m + ln l;  store O (TMA) and L
+//     O ← O / l;  L = scale·m + ln l;  store O (through shared memory, 16-byte stores) and L
 //
 // Run: ./build/stages/10_hopper_fwd/stage10 --step 10b --dtype bf16 --head-dim 128 --seq-q 4096 --seq-k 4096 --bench
 #include <cuda_bf16.h>

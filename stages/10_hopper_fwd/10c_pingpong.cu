@@ -4,15 +4,16 @@
 // What changed from 10b, and why: in 10b each consumer issued S_j, waited, did its softmax,
 // issued P·V_j and waited again; both consumers did so independently, and their GEMMs and
 // softmaxes collided at random. The exponentials run on the special-function unit (16 per
-// SM per clock against 1024 bf16 FMAs per clock for the tensor cores: at d = 128 a tile's
-// exps cost about half its matmul time), so the tensor cores idle whenever both consumers
-// are in their softmax. Here a consumer issues all of its tensor-core work for a step at
-// once, S_j = Q·K_jᵀ together with P_{j−1}·V_{j−1} (the P·V of the tile before: moving it one
-// step later is what lets the two products be issued together), and two named barriers
-// hand the turn from one consumer to the other:
+// SM per clock against 2048 bf16 multiply-adds per clock for an H100's tensor cores: at
+// d = 128 a tile's exps cost half its matmul time; docs/hardware.csv), so the tensor cores
+// idle whenever both consumers are in their softmax. Here a consumer issues all of its
+// tensor-core work for a step at once, S_j = Q·K_jᵀ together with P_{j+1}·V_{j+1} (the P·V
+// of the tile before in visiting order: tiles run last to first, j = count − 1 − n; moving
+// P·V one step later is what lets the two products be issued together), and two named
+// barriers hand the turn from one consumer to the other:
 //
-//   consumer 0:  [S_j, PV_{j−1}]  softmax_j ............  [S_{j−1}, PV_j]  softmax ...
-//   consumer 1:  ....  [S_j, PV_{j−1}]  softmax_j ......  [S_{j−1}, PV_j] ...
+//   consumer 0:  [S_j, PV_{j+1}]  softmax_j ............  [S_{j−1}, PV_j]  softmax_{j−1} ...
+//   consumer 1:  ....  [S_j, PV_{j+1}]  softmax_j ......  [S_{j−1}, PV_j] ...
 //   tensor cores: c0 c0 c1 c1 c0 c0 c1 c1 …   (one consumer's GEMMs under the other's exps)
 //
 //   consumer c, per tile j:  wait my turn;  issue S_j, P_prev·V_prev;  hand the turn over

@@ -1,11 +1,11 @@
 // Stage 10, step 10d — overlap inside a warpgroup: the softmax of tile j runs while the
-// tensor cores still compute P_{j−1}·V_{j−1}.
+// tensor cores still compute P_{j+1}·V_{j+1} (the tile before j: tiles run last to first).
 //
 // What changed from 10c, and why: in 10c a consumer waited for both of its products before
 // its softmax, so its own exponentials never overlapped its own products; only the other
 // consumer's did. Here it waits for S_j alone (the older of its two wgmma groups,
 // wgmma_wait<1>), computes the row maxima and exponentials, and only then waits for
-// P_{j−1}·V_{j−1} and rescales O. At d = 64 a tile's exponentials cost as much as its two
+// P_{j+1}·V_{j+1} and rescales O. At d = 64 a tile's exponentials cost as much as its two
 // products, so a third consumer (B_r = 192) joins the ping-pong there.
 //
 //   consumer c, first tile:  my turn; issue S_0; hand over; wait; softmax → P_0

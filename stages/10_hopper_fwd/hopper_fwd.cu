@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
       mbarrier_wait(&sm.k_full[s], PipelineState<kStages>::at(g).phase);
       mbarrier_wait(&sm.v_full[prev], PipelineState<kStages>::at(g - 1).phase);
+      // LAB BEGIN: the ping-pong turn — hint: wait for my turn (named_barrier_sync(my_turn, 256)); wgmma_fence; issue S_j = Q_c·K_jᵀ (gemm_qk into s_acc from sm.k_stage(s)) and commit; issue O += P_prev·V_prev (gemm_pv from sm.v_stage(prev)) and commit: two groups; then hand the turn on (named_barrier_arrive(next_turn, 256))
       named_barrier_sync(my_turn, 256);  // the consumer before me has issued its products
       wgmma_fence();
       gemm_qk<d, B_c>(s_acc, q_rows, R::kBlockM, sm.k_stage(s));
@@ -133,10 +134,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
       gemm_pv<d, B_c>(o, p_frag, sm.v_stage(prev));
       wgmma_commit();
       named_barrier_arrive(next_turn, 256);  // the next consumer's products may queue behind mine
+      // LAB END
 
+      // LAB BEGIN: wait for S only — hint: S_j is the older of the two groups: wait until at most one group (P_prev·V_prev) is still running, fence s_acc, release K_j (k_empty[s]); the softmax below then runs under P·V
       wgmma_wait<1>();  // S_j is done; P_prev·V_prev may still be running
       fence_registers(s_acc);
       release(&sm.k_empty[s]);
+      // LAB END
       if (j >= first_masked) mask_tile<B_c, kCausal>(s_acc, query0, j * B_c, p.seq_q, p.seq_k);
       const float2 alpha = softmax_tile<B_c>(s_acc, st, p.scale_log2);  // the exponentials hide under P·V
 
@@ -164,9 +168,11 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     //! [release q]
     // The next TMA into the Q tile (async proxy) must come after this warp's ordinary reads
     // and writes of it (generic proxy): fence, then release the tile.
+    // LAB BEGIN: release Q — hint: the producer's next TMA into this Q buffer (async proxy) must come after this warp's ordinary reads and writes of it (generic proxy): fence_proxy_async_smem in every thread, __syncwarp, then one arrival per warp on q_empty[b] (release)
     fence_proxy_async_smem();
     __syncwarp();
     release(&sm.q_empty[b]);
+    // LAB END
     //! [release q]
     ring += count;
   }

@@ -5,8 +5,9 @@
 /// The ring: kStages buffers, each holding one K tile and one V tile. Per buffer s:
 ///   k_full[s], v_full[s]    complete when TMA has landed the tile (1 arrival: the
 ///                           producer's arrive.expect_tx, plus the tile's bytes)
-///   k_empty[s], v_empty[s]  complete when all 8 consumer warps are done with that tile
-///                           (8 arrivals, one per warp, after the wgmma that read it)
+///   k_empty[s], v_empty[s]  complete when all consumer warps are done with that tile
+///                           (one arrival per warp after the wgmma that read it: 8 with two
+///                           consumers, 12 with three at d = 64)
 /// K and V are released separately: K_j is free as soon as S = Q·K_jᵀ has run, long
 /// before P·V_j has, so the next K tile can be on its way during the softmax.
 /// Iteration n uses buffer n % kStages and waits for the phase of parity (n / kStages) & 1
@@ -35,9 +36,11 @@ struct Roles {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumers;  // B_r
-  /// Register split (setmaxnreg). Two consumers: 65 536 registers / 384 threads = 170 at
-  /// launch; the producer needs few, so it drops to 24 and the consumers rise to 240
-  /// (128·24 + 256·240 ≤ 65 536). Three consumers (512 threads, 128 at launch): 24 and 160.
+  /// Register split (setmaxnreg, multiples of 8). Two consumers: 65 536 registers / 384
+  /// threads = 170.7, so 168 at launch (a warp's registers come in units of 256); the
+  /// producer needs few, so it drops to 24 and the consumers rise to 240
+  /// (128·24 + 256·240 = 64 512 ≤ 65 536). Three consumers (512 threads, 128 at launch): 24
+  /// and 160.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);

@@ -42,7 +42,7 @@ struct BwdPlan {
   static constexpr uint32_t ds = dO + kStages * tile_bytes(B_r, d);         // dSᵀ [kDsBuffers][B_r/64][B_c][64]
   static constexpr uint32_t l2 = ds + kDsBuffers * tile_bytes(B_c, B_r);    // L2_i [kStages][B_r] fp32
   static constexpr uint32_t dd = l2 + kStages * B_r * 4;                    // D_i, like L2
-  static constexpr uint32_t staging = dd + kStages * B_r * 4;              // dQ blocks [2][64][72] fp32
+  static constexpr uint32_t staging = dd + kStages * B_r * 4;              // dQ blocks [2][64][64] fp32
   static constexpr uint32_t barriers = staging + (kStaging ? kStagingBytes : 0);
   // kv_full, full[S], empty[S]; with kStaging also dq_full[2], dq_empty
   static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + (kStaging ? 3 : 0));
@@ -163,9 +163,10 @@ __device__ inline BlockWork block_work(const BwdParams& p) {
 }
 
 /// Warp specialization (steps 11b, 11c): warpgroup 0 is the producer (one of its threads
-/// issues every copy), warpgroups 1 and 2 are consumers of 64 keys each. Registers after
-/// setmaxnreg: 65 536 / 384 threads = 170 at launch; the producer drops to 24, the
-/// consumers rise to 240 (128·24 + 256·240 ≤ 65 536).
+/// issues every copy), warpgroups 1 and 2 are consumers of 64 keys each. Registers: 65 536
+/// / 384 threads = 170.7, so 168 at launch (a warp's registers come in units of 256, and
+/// setmaxnreg takes multiples of 8); the producer drops to 24, the consumers rise to 240
+/// (128·24 + 256·240 = 64 512 ≤ 65 536).
 struct Specialized {
   static constexpr int kThreads = 3 * 128;
   static constexpr int kProducerRegisters = 24;

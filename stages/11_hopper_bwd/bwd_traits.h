@@ -14,7 +14,7 @@ namespace fa::stage11 {
 /// chosen so that each warpgroup's dQ share is one [64, 64] block: at d = 128 the two
 /// warpgroups split dQ_i [64, 128] by columns, at d = 64 they split dQ_i [128, 64] by rows.
 /// Shared memory: K_j, V_j (2 × B_c·d·2 bytes), Q_i and dO_i in 2 stages, dSᵀ double-buffered:
-/// 160 KB at both head dims, and 36 KB of dQ staging in step 11d.
+/// 160 KB at both head dims, and 32 KB of dQ staging in step 11d (two [64, 64] fp32 blocks).
 template <int d>
 struct BwdTile {
   static_assert(d == 64 || d == 128, "stage 11 is built for d = 64 and 128");

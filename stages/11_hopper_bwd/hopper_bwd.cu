@@ -1,6 +1,6 @@
 // Stage 11, step 11d (the final design) — dQ by a TMA reduction: the consumers hand their
 // dQ blocks to a writer warp through shared memory, and the copy engine adds them to
-// global memory in L2, a row of 256 bytes per instruction.
+// global memory in L2, one [64, 64] fp32 block (16 KB) per instruction.
 //
 // What changed from 11c, and why: Nsight Compute on 11c (H100, bf16, d = 128, N = 4096)
 // shows L2 at 81% of its throughput and the tensor pipe at 50%: the dQ atomics, 16
@@ -145,10 +145,12 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
       wgmma_wait<1>();  // dQ is done; dV and dK may still run
       fence_registers(dq);
       //! [dq handover]
+      // LAB BEGIN: the dQ handover — hint: wait on dq_empty (one phase per step: parity (n & 1) ^ 1) until the writer has read the previous step's blocks; stage_dq into this consumer's buffer; fence_proxy_async_smem (the copy engine reads these generic stores); arrive on dq_full[c]
       mbarrier_wait(sm.dq_empty, (n & 1) ^ 1);  // the writer has read step n − 1's blocks
       stage_dq(dq, sm, c);
       fence_proxy_async_smem();  // the copy engine reads what these generic stores wrote
       mbarrier_arrive(&sm.dq_full[c]);
+      // LAB END
       //! [dq handover]
     }
     wgmma_wait<0>();
