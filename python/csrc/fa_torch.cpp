@@ -235,9 +235,13 @@ class Attention : public torch::autograd::Function<Attention> {
   }
 };
 
+// Strided inputs (a model's [b, n, h, d] viewed as [b, h, n, d]) are copied here, above the
+// function, so that it saves the contiguous copies: the backward then reads them as they are
+// instead of copying q, k and v a second time. The copy is differentiable (its gradient passes
+// through), and costs nothing for inputs that are contiguous already.
 Forward forward_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                          c10::string_view stage) {
-  const auto out = Attention::apply(q, k, v, causal, scale, stage);
+  const auto out = Attention::apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, stage);
   return {out[0], out[1]};
 }
 
