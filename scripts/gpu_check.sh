@@ -10,9 +10,11 @@
 # The whole check does not fit one device call of ten minutes, so it runs in three parts, one
 # call each (each builds, about 45 s on 16 cores); times on one H100 (the record:
 # docs/results/h100_gpu_check_2026-11-26_session9.txt):
-#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep
-#   --part 2   compute-sanitizer over the programs of stages 07, 08, 09 and test_gpu_bad_input
-#   --part 3   compute-sanitizer over the programs of stages 10, 11 and 12 (the ring)
+#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep       252 s
+#   --part 2   compute-sanitizer over the programs of stages 07, 08, 09 and
+#              test_gpu_bad_input                                                    200 s
+#   --part 3   compute-sanitizer over the programs of stages 10, 11 and 12 (the ring) 323 s
+# (parts 2 and 3 on a machine that had just run part 1: their build took 8 s, not 65)
 # No --part runs everything in one go (within FA_BUDGET_S: on one H100 the sanitizers then
 # run out of time).
 #
