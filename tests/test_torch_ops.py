@@ -137,13 +137,11 @@ def test_opcheck():
     print("ok   opcheck fa_attention::forward")
 
 
-def test_compile():
-    _skip_gpu()
-    q = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
+def compiled_equals_eager(q, k, stage, out_tol, grad_tol):
+    """torch.compile(fullgraph=True) of a small function around the op: its output and the
+    gradients of q and k equal eager's within the tolerances (rtol, atol)."""
     def f(q, k):
-        return (attention(q * 2, k, k, causal=True, stage="09") + 1).sum()
+        return (attention(q * 2, k, k, causal=True, stage=stage) + 1).sum()
 
     eager = f(q, k)
     eager.backward()
@@ -151,11 +149,19 @@ def test_compile():
     q.grad = k.grad = None
     compiled = torch.compile(f, fullgraph=True)(q, k)
     compiled.backward()
+    assert torch.allclose(eager, compiled, rtol=out_tol[0], atol=out_tol[1]), \
+        f"stage {stage}: torch.compile(fullgraph=True) forward differs from eager"
+    assert all(torch.allclose(a, b, rtol=grad_tol[0], atol=grad_tol[1]) for a, b in zip(grads, (q.grad, k.grad))), \
+        f"stage {stage}: torch.compile(fullgraph=True) gradients differ from eager"
+    print(f"ok   torch.compile(fullgraph=True) on {q.device.type}, stage {stage}: forward and backward equal eager")
+
+
+def test_compile():
+    _skip_gpu()
+    q = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     # Stage 09 at d = 64 sums dQ with fp32 atomics: equal up to the order of those sums.
-    close = [torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(grads, (q.grad, k.grad))]
-    assert torch.allclose(eager, compiled, rtol=1e-2) and all(close), \
-        "torch.compile(fullgraph=True) differs from eager"
-    print("ok   torch.compile(fullgraph=True) forward and backward equal eager")
+    compiled_equals_eager(q, k, "09", out_tol=(1e-2, 0.0), grad_tol=(2e-2, 2e-2))
 
 
 def test_side_stream():
@@ -247,24 +253,12 @@ def test_gradcheck_cpu():
 
 
 def test_compile_cpu():
-    """torch.compile(fullgraph=True) over the op on CPU tensors: forward and backward equal eager."""
+    """torch.compile(fullgraph=True) over the op on CPU tensors (stage 06: the same sums in the
+    same order in both runs)."""
     g = torch.Generator().manual_seed(13)
     q = torch.randn(2, 4, 20, 16, generator=g, requires_grad=True)
     k = torch.randn(2, 2, 24, 16, generator=g, requires_grad=True)
-
-    def f(q, k):
-        return (attention(q * 2, k, k, causal=True, stage="06") + 1).sum()
-
-    eager = f(q, k)
-    eager.backward()
-    grads = q.grad.clone(), k.grad.clone()
-    q.grad = k.grad = None
-    compiled = torch.compile(f, fullgraph=True)(q, k)
-    compiled.backward()
-    assert torch.allclose(eager, compiled, rtol=1e-5), "torch.compile(fullgraph=True) forward differs from eager"
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(grads, (q.grad, k.grad))), \
-        "torch.compile(fullgraph=True) gradients differ from eager"
-    print("ok   torch.compile(fullgraph=True) on CPU: forward and backward equal eager")
+    compiled_equals_eager(q, k, "06", out_tol=(1e-5, 0.0), grad_tol=(1e-4, 1e-5))
 
 
 def test_cuda_graph():
