@@ -16,7 +16,6 @@
 
 namespace fa {
 
-//! [scratch memory]
 /// Where scratch comes from instead of the pool: a host that manages GPU memory itself (the
 /// PyTorch op hands in torch's caching allocator, so scratch is reused with the framework's
 /// memory and is legal inside a CUDA graph capture) installs one for the whole process.
@@ -32,6 +31,7 @@ struct ScratchAllocator {
 /// the change is still released by the allocator that gave it).
 void set_scratch_allocator(const ScratchAllocator& allocator);
 
+//! [scratch memory]
 /// One call's scratch, freed (in stream order) when it goes out of scope. Throws
 /// std::runtime_error naming `who` and `what` when the GPU cannot provide the bytes.
 class Scratch {
