@@ -83,6 +83,18 @@ class Summary(unittest.TestCase):
         self.assertEqual(grade.check_expectation(v, {"12"}, folders), [])
         self.assertNotEqual(grade.check_expectation(v, set(), folders), [])
 
+    def test_stage_that_waits_before_its_own_stub(self):
+        """Stage 12 stubbed and run on a stubbed stage 06: it stops at 06's stub first. That
+        meets "12 and 06 not implemented", and not "only 12" (06 should then pass)."""
+        folders = dict(FOLDERS, **{"12": "12_ring_attention"})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "r.xml"
+            path.write_text(junit([("harness", "passed", ""), ("stage12_cpu", "failed", STUB_06)]))
+            lines, v = grade.summarise(grade.read_junit(path), folders, {})
+        self.assertEqual(v["stages"]["12_cpu"]["state"], "waiting")
+        self.assertEqual(grade.check_expectation(v, {"06", "12"}, folders), [])
+        self.assertNotEqual(grade.check_expectation(v, {"12"}, folders), [])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)
