@@ -7,11 +7,21 @@
 #   scripts/setup.sh --quick [build-dir]   (default: build-quick) CPU only: no CUDA, no docs,
 #                                          no Python packages; configures, builds nothing
 #                                          (scripts/test.sh --quick builds what it runs)
+#   scripts/setup.sh --tour [build-dir]    (default: build) what the tour needs: the compilers'
+#                                          packages, then the tour program (every stage, CUDA
+#                                          ones included); no docs, Python packages or tests.
+#                                          A later full setup installs the rest into the same
+#                                          build folder (it reconfigures, so what it installed
+#                                          is found)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 quick=0
+tour=0
 if [ "${1:-}" = "--quick" ]; then
   quick=1
+  shift
+elif [ "${1:-}" = "--tour" ]; then
+  tour=1
   shift
 fi
 build="${1:-$root/build}"
@@ -22,7 +32,7 @@ build="${1:-$root/build}"
 # are not built and the tour says so. chromium: the docs test renders pages headless
 # (formulas typeset, figures readable).
 packages=(libeigen3-dev doctest-dev libcli11-dev ninja-build cmake g++)
-((quick == 1)) || packages+=(doxygen libjs-mathjax python3-pip chromium)
+((quick == 1 || tour == 1)) || packages+=(doxygen libjs-mathjax python3-pip chromium)
 need=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
@@ -43,6 +53,19 @@ if ((quick == 1)); then
   exit 0
 fi
 
+# nvcc is often installed outside PATH.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+if ((tour == 1)); then
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  fi
+  cmake --build "$build" -j "$(nproc)" --target tour
+  exit 0
+fi
+
 # Python packages for the ctypes test and the notebooks (from PyPI), when missing.
 if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel, markdown_it, mdit_py_plugins" 2>/dev/null; then
   echo "setup: installing Python packages from notebooks/requirements.txt"
@@ -56,12 +79,7 @@ if ! python3 -c "import torch" 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check torch
 fi
 
-# nvcc is often installed outside PATH.
-if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
-  export PATH="/usr/local/cuda/bin:$PATH"
-fi
-
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
+# Configured every time (a few seconds): what was installed since the last call (torch, the
+# docs' tools after a tour's set-up) is then found.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)"
