@@ -139,6 +139,8 @@ Forward forward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   void* stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   check_status(fa_forward_device(stage.c_str(), &p, dtype_code(q.scalar_type()), address(q), address(k), address(v),
                                  address(o), floats(lse), stream));
+#else
+  TORCH_CHECK(false, "attention: this build of the op has no CUDA kernels (device ", q.device(), ")");
 #endif
   return {o, lse};
 }
@@ -167,6 +169,8 @@ Backward backward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   check_status(fa_backward_device(stage.c_str(), &p, dtype_code(q.scalar_type()), address(q), address(k),
                                   address(v), address(o), floats(lse), address(d_o), address(dq), address(dk),
                                   address(dv), stream));
+#else
+  TORCH_CHECK(false, "attention backward: this build of the op has no CUDA kernels (device ", q.device(), ")");
 #endif
   return {dq, dk, dv};
 }
