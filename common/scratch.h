@@ -41,6 +41,7 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   float* floats() const { return static_cast<float*>(ptr_); }
+  void* data() const { return ptr_; }
 
  private:
   void* ptr_ = nullptr;

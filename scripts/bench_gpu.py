@@ -486,30 +486,30 @@ class Bench:
 
 
 def hopper_sweep(bench, stages, quick=False):
-    """--hopper: stage 10 (every step: the default is 10e; steps 10a-10d as variants) on the
+    """--hopper: stage 10 (every step: the default is 10f; steps 10a-10e as variants) on the
     40 points of stages 08/09 plus d = 256 at N = 2048 and 8192, against SDPA's FlashAttention-2
     and cuDNN backends measured in the same run; ratios to both and % of the bf16 GEMM rate."""
     print("\n== stage 10 (Hopper) against SDPA flash and cuDNN", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
-    steps = [("step", 1), ("step", 2), ("step", 3), ("step", 4)]
+    steps = [("step", 1), ("step", 2), ("step", 3), ("step", 4), ("step", 5)]
     gemm = bench.gemm.get(torch.bfloat16, float("nan"))
     points = []
     for dt in (("bf16",) if quick else ("f16", "bf16")):
         for d in (64, 128, 256):
             ns = (2048, 8192) if d == 256 else ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384))
             points += [(dt, d, n, causal) for n in ns for causal in (False, True)]
-    lines = [f"stage 10, batch·N = 16384, heads·d = 2048: TFLOP/s of each step; for 10e (the default) the ratio "
+    lines = [f"stage 10, batch·N = 16384, heads·d = 2048: TFLOP/s of each step; for 10f (the default) the ratio "
              f"to sdpa_flash (FA2) and sdpa_cudnn and the share of the bf16 GEMM rate ({gemm:.0f} TFLOP/s)",
              f"{'dtype':5s} {'d':>4s} {'N':>6s} {'causal':>6s} {'10a':>7s} {'10b':>7s} {'10c':>7s} {'10d':>7s} "
-             f"{'10e':>7s} {'flash':>7s} {'cudnn':>7s} {'/flash':>7s} {'/cudnn':>7s} {'%gemm':>6s}"]
+             f"{'10e':>7s} {'10f':>7s} {'flash':>7s} {'cudnn':>7s} {'/flash':>7s} {'/cudnn':>7s} {'%gemm':>6s}"]
     for dt, d, n, causal in points:
         st = stages[0]
         r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base, variants=steps)["fwd"]
         get = lambda k: r.get(k, (0, float("nan")))[1]
-        t10 = [get(f"{st}[step={i}]") for i in (1, 2, 3, 4)] + [get(st)]
+        t10 = [get(f"{st}[step={i}]") for i in (1, 2, 3, 4, 5)] + [get(st)]
         fl, cu = get("sdpa_flash"), get("sdpa_cudnn")
         lines.append(f"{dt:5s} {d:4d} {n:6d} {str(causal):>6s} " + " ".join(f"{t:7.1f}" for t in t10) +
-                     f" {fl:7.1f} {cu:7.1f} {t10[4] / fl:7.2f} {t10[4] / cu:7.2f} {100 * t10[4] / gemm:5.1f}%")
+                     f" {fl:7.1f} {cu:7.1f} {t10[5] / fl:7.2f} {t10[5] / cu:7.2f} {100 * t10[5] / gemm:5.1f}%")
     bench.summary += lines
 
 

@@ -75,7 +75,7 @@ DEFAULT_HOST_ENTRY_POINTS = ("forward", "backward")
 # reduction" leaves 11d runnable. The default launchers (a launch file apart from the
 # kernels' files, as in stage 09) are guarded on every region they include.
 HOST_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
-    "10": ("step_10a", "step_10b", "step_10c", "step_10d", "step_10e"),
+    "10": ("step_10a", "step_10b", "step_10c", "step_10d", "step_10e", "step_10f"),
     "11": ("step_11a", "step_11b", "step_11c", "step_11d"),
 }
 

@@ -4,9 +4,9 @@
 // Test suite "cpu" — the key-tile schedule (tile_schedule.h) against Problem::visible_keys,
 // exhaustively over small shapes: no visible key is skipped, no tile past the band is
 // visited, and every tile before first_masked is visible whole to every row.
-// GPU tests (compute capability 9.x): check_matrix for steps 10a–10e in bf16 and f16;
+// GPU tests (compute capability 9.x): check_matrix for steps 10a–10f in bf16 and f16;
 // adversarial inputs and properties (bitwise determinism, key permutation) for every step;
-// refusals and random shapes for the default step (10e); the steps agree with each other
+// refusals and random shapes for the default step (10f); the steps agree with each other
 // bitwise where they should; every output element written (device outputs poisoned first);
 // refusals at the device entry (nothing written); empty sequences; a non-default stream;
 // the launch report; > 2³¹ elements (FA_TEST_LARGE=1).
@@ -109,7 +109,8 @@ struct StepScope {
   ~StepScope() { stage().set_option("step", 0); }
 };
 
-const std::vector<s10::Step> kSteps = {s10::Step::A, s10::Step::B, s10::Step::C, s10::Step::D, s10::Step::E};
+const std::vector<s10::Step> kSteps = {s10::Step::A, s10::Step::B, s10::Step::C,
+                                       s10::Step::D, s10::Step::E, s10::Step::F};
 
 }  // namespace
 
@@ -126,7 +127,8 @@ TEST_CASE("10: the shared shape matrix, step 10a, bf16 and f16") { check_matrix_
 TEST_CASE("10: the shared shape matrix, step 10b, bf16 and f16") { check_matrix_of(s10::Step::B); }
 TEST_CASE("10: the shared shape matrix, step 10c, bf16 and f16") { check_matrix_of(s10::Step::C); }
 TEST_CASE("10: the shared shape matrix, step 10d, bf16 and f16") { check_matrix_of(s10::Step::D); }
-TEST_CASE("10: the shared shape matrix, step 10e (the default), bf16 and f16") { check_matrix_of(s10::Step::E); }
+TEST_CASE("10: the shared shape matrix, step 10e, bf16 and f16") { check_matrix_of(s10::Step::E); }
+TEST_CASE("10: the shared shape matrix, step 10f (the default), bf16 and f16") { check_matrix_of(s10::Step::F); }
 
 TEST_CASE("10: adversarial inputs (large logits, empty rows, constant rows, NaN), every step") {
   if (!on_hopper()) return;
@@ -160,16 +162,18 @@ TEST_CASE("10: random shapes, bf16 and f16") {
   fa::test::check_random_shapes(stage(), fa::Dtype::F16, false, fa::test::small_mode() ? 4 : 24);
 }
 
-TEST_CASE("10: steps 10d and 10e give the same bits, and so do 10b and 10c (same tiles, same order of operations)") {
-  // Within each pair the steps differ only in when the products are issued and waited for,
+TEST_CASE("10: steps 10d, 10e and 10f give the same bits, and so do 10b and 10c (same tiles, same order of operations)") {
+  // Within each group the steps differ only in when the products are issued and waited for,
   // or in which block computes a query tile, never in what is added to what: a schedule bug
-  // that reads a buffer too early would break the equality. (10b/10c and 10d/10e differ at
-  // d = 64, where 10d and 10e have three consumers and B_r = 192.)
+  // that reads a buffer too early, or a scheduler that skips a tile (the outputs start as
+  // NaN), would break the equality. (10b/10c and 10d–10f differ at d = 64, where 10d–10f
+  // have three consumers and B_r = 192.) The last shape has 256 query tiles, more than an
+  // H100's 132 SMs, so the persistent blocks take tiles from their schedulers.
   if (!on_hopper()) return;
   for (const auto& p : {make(2, 4, 2, 300, 513, 128, true), make(1, 2, 1, 257, 1000, 64, false),
-                        make(1, 2, 2, 190, 190, 256, true)}) {
+                        make(1, 2, 2, 190, 190, 256, true), make(4, 8, 2, 1000, 1000, 128, true)}) {
     std::vector<std::vector<float>> outs;
-    for (s10::Step s : {s10::Step::B, s10::Step::C, s10::Step::D, s10::Step::E}) {
+    for (s10::Step s : {s10::Step::B, s10::Step::C, s10::Step::D, s10::Step::E, s10::Step::F}) {
       const StepScope scope(s);
       fa::Tensors t = fa::Tensors::make(p, 17, fa::Dist::Normal, false);
       stage().forward(p, fa::Dtype::BF16, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
@@ -178,13 +182,14 @@ TEST_CASE("10: steps 10d and 10e give the same bits, and so do 10b and 10c (same
     }
     CHECK(fa::test::bitwise_equal(outs[0], outs[1]));
     CHECK(fa::test::bitwise_equal(outs[2], outs[3]));
+    CHECK(fa::test::bitwise_equal(outs[2], outs[4]));
     if (p.head_dim != 64) CHECK(fa::test::bitwise_equal(outs[0], outs[2]));
   }
 }
 
 TEST_CASE("10: the step option: names, bounds, per thread") {
-  CHECK(s10::step_names() == std::vector<std::string>{"auto", "10a", "10b", "10c", "10d", "10e"});
-  CHECK_THROWS_AS(stage().set_option("step", 6), std::invalid_argument);
+  CHECK(s10::step_names() == std::vector<std::string>{"auto", "10a", "10b", "10c", "10d", "10e", "10f"});
+  CHECK_THROWS_AS(stage().set_option("step", 7), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("step", -1), std::invalid_argument);
   CHECK_THROWS_AS(stage().set_option("tile", 1), std::invalid_argument);
   stage().set_option("step", 2);
@@ -318,7 +323,7 @@ TEST_CASE("10: launch report") {
   for (const auto& [key, value] : stage().report(make(2, 3, 1, 130, 64, 128, true), fa::Dtype::BF16))
     all += key + ": " + value + "\n";
   INFO(all);
-  CHECK(all.find("10e (auto)") != std::string::npos);
+  CHECK(all.find("10f (auto)") != std::string::npos);
   CHECK(all.find("B_r = 128, B_c = 128, 2 K/V stages") != std::string::npos);
   CHECK(all.find("grid: 12 x 1 x 1") != std::string::npos);  // persistent: ceil(130 / 128)·3 heads·2 batch tiles < SMs
   {
@@ -339,7 +344,7 @@ TEST_CASE("10: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
   }
   if (!on_hopper()) return;
   for (bool causal : {false, true}) {
-    const fa::Problem p = make(1, 1, 1, (1 << 24) + 77, 300, 128, causal);  // run by the default step, 10e
+    const fa::Problem p = make(1, 1, 1, (1 << 24) + 77, 300, 128, causal);  // run by the default step, 10f
     REQUIRE(p.q_elems() > (int64_t(1) << 31));
     fa::DeviceBuffer Q(p.q_elems() * 2, "Q"), K(p.kv_elems() * 2, "K"), V(p.kv_elems() * 2, "V"),
         O(p.q_elems() * 2, "O"), L(p.l_elems() * 4, "L");
@@ -362,20 +367,21 @@ TEST_CASE("10: a tensor of more than 2^31 elements (FA_TEST_LARGE=1)") {
 TEST_SUITE("cpu") {
   TEST_CASE("10: the step tables: B_r, B_c, buffers and threads per head dim; refusals name the step") {
     using StepFn = fa::StepKernel (*)(int, fa::Dtype, bool);
-    const StepFn steps[] = {s10::step_10a, s10::step_10b, s10::step_10c, s10::step_10d, s10::step_10e};
+    const StepFn steps[] = {s10::step_10a, s10::step_10b, s10::step_10c,
+                            s10::step_10d, s10::step_10e, s10::step_10f};
     for (int d : {64, 128, 256})
-      for (int i = 0; i < 5; ++i) {
+      for (int i = 0; i < 6; ++i) {
         CAPTURE(d);
         CAPTURE(i);
         const fa::StepKernel k = steps[i](d, fa::Dtype::BF16, true);
-        const int consumers = i >= 3 && d == 64 ? 3 : 2;  // 10d, 10e: a third consumer at d = 64
+        const int consumers = i >= 3 && d == 64 ? 3 : 2;  // 10d–10f: a third consumer at d = 64
         CHECK(k.fn != nullptr);
         CHECK(k.fn != steps[i](d, fa::Dtype::BF16, false).fn);  // causal and plain instances
         CHECK(k.block_rows == (i == 0 ? 64 : 64 * consumers));
         CHECK(k.block_cols == (d == 256 ? 64 : 128));
         CHECK(k.stages == (i == 0 || d != 64 ? 2 : 4));
         CHECK(k.threads == (i == 0 ? 128 : 128 * (1 + consumers)));
-        CHECK(k.persistent == (i == 4));
+        CHECK(k.persistent == (i >= 4));
         CHECK(k.smem_bytes > 0);
       }
     CHECK_THROWS_WITH_AS(s10::step_10b(96, fa::Dtype::BF16, false),

@@ -37,6 +37,8 @@ struct FwdParams {
   float* L;           ///< [batch][heads][seq_q], fp32
   int batch, heads, kv_heads, seq_q, seq_k;
   int tiles_total;  ///< query tiles × heads × batch (the persistent kernel's work list)
+  int* tile_counter;      ///< the dynamic scheduler's counter (step 10f), 0 at launch; unused by 10e
+  int heads_per_section;  ///< step 10f's order: heads whose K and V fit in half the L2 together
   float scale_log2;  ///< scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
   float scale;
 };

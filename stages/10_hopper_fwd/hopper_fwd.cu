@@ -47,6 +47,7 @@
 #include <cuda_fp16.h>
 
 #include "hopper/tile_math.cuh"
+#include "hopper/tile_scheduler.cuh"
 #include "hopper/wgmma.cuh"
 #include "hopper_fwd_steps.h"
 #include "pipeline.cuh"
@@ -54,8 +55,8 @@
 
 namespace fa::stage10 {
 
-template <int d, class Elem, bool kCausal>
-__global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_constant__ FwdParams p) {
+template <int d, class Elem, bool kCausal, class Scheduler, class Order>
+__global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const __grid_constant__ FwdParams p) {
   using R = RolesOf<d>;
   constexpr int B_c = Tile<d>::kBlockN, kStages = Tile<d>::kStages, kQ = kQBuffersOf<d>;
   extern __shared__ unsigned char smem[];
@@ -69,14 +70,23 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
   if (warpgroup == 0) {  // ---- producer ----
     setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) {
+      const Scheduler tiles(p.tiles_total, p.tile_counter);
       int ring = 0;  // K/V tiles put into the ring so far, over all of this block's query tiles
-      for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
-        const BlockWork work = tile_work<d, kCausal, R>(p, t);
+      for (int t = tiles.first(), round = 0;; ++round) {
         const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
         mbarrier_wait(&sm.q_empty[b], PipelineState<kQ>::at(round).phase ^ 1);  // they are done with this one
+        if (!tiles.valid(t)) {  // no more work: tell the consumers through the Q_i barrier
+          sm.tile[b] = -1;
+          mbarrier_arrive(&sm.q_full[b]);
+          break;
+        }
+        sm.tile[b] = t;  // published to the consumers by load_q's arrival on q_full[b]
+        const BlockWork work = Order::template work<d, kCausal, R>(p, t);
         load_q(sm, p, work.row0, work.bh, b);
+        const int t_next = tiles.next(t);  // asked now: 10f's answer comes back while K/V stream in
         load_kv(sm, p, work.bkv, work.tiles, ring);
         ring += work.tiles.count;
+        t = t_next;
       }
     }
     return;
@@ -90,9 +100,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
   const bool last_consumer = c == R::kConsumers - 1;
 
   int ring = 0;  // as the producer's
-  for (int t = blockIdx.x, round = 0; t < p.tiles_total; t += gridDim.x, ++round) {
-    const BlockWork work = tile_work<d, kCausal, R>(p, t);
-    const int count = work.tiles.count, query0 = work.row0 + wg_row0, b = round % kQ;
+  for (int round = 0;; ++round) {
+    const int b = round % kQ;
+    mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
+    const int t = sm.tile[b];
+    if (t < 0) break;  // the producer found no more work
+    const BlockWork work = Order::template work<d, kCausal, R>(p, t);
+    const int count = work.tiles.count, query0 = work.row0 + wg_row0;
     Elem* q_tile = sm.q_buffer(b);
     const Elem* q_rows = q_tile + wg_row0 * 64;  // this warpgroup's rows of column block 0
     // A key tile is masked only where it crosses the diagonal (or the end of the keys) for
@@ -102,7 +116,6 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
     float o[d / 2] = {};           // O_i, [64, d] over the warpgroup
     uint32_t p_frag[B_c / 16][4];  // P of the previous key tile, as wgmma A fragments
     RowState st;
-    mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
     if (last_consumer && count > 0) named_barrier_arrive(R::kPingPongBarrier, 256);  // consumer 0 goes first
 
     if (count > 0) {  // the first key tile: S alone (there is no P·V before it)
@@ -178,18 +191,29 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_10e(const __grid_
   }
 }
 
-StepKernel step_10e(int d, Dtype dtype, bool causal) {
-  return instantiate_step<64, 128, 256>("10_hopper_fwd", "10e", d, dtype, [&](auto dim, auto elem) {
+/// Steps 10e and 10f: the persistent kernel with the scheduler of each.
+template <class Scheduler, class Order>
+StepKernel persistent_step(const char* step, int d, Dtype dtype, bool causal) {
+  return instantiate_step<64, 128, 256>("10_hopper_fwd", step, d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     using R = RolesOf<D>;
-    StepKernel k = make_step_kernel(causal, fwd_10e<D, Elem, true>, fwd_10e<D, Elem, false>, Threads{R::kThreads},
+    StepKernel k = make_step_kernel(causal, fwd_persistent<D, Elem, true, Scheduler, Order>,
+                                    fwd_persistent<D, Elem, false, Scheduler, Order>, Threads{R::kThreads},
                                     BlockRows{R::kBlockM}, BlockCols{Tile<D>::kBlockN},
                                     SmemBytes{SharedPlan<D, R, kQBuffersOf<D>>::bytes_to_allocate});
     k.stages = Tile<D>::kStages;
     k.persistent = true;
     return k;
   });
+}
+
+StepKernel step_10e(int d, Dtype dtype, bool causal) {
+  return persistent_step<StaticScheduler, AllHeads>("10e", d, dtype, causal);
+}
+
+StepKernel step_10f(int d, Dtype dtype, bool causal) {
+  return persistent_step<DynamicScheduler, HeadSections>("10f", d, dtype, causal);
 }
 
 }  // namespace fa::stage10

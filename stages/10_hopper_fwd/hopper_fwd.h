@@ -15,14 +15,15 @@
 
 namespace fa::stage10 {
 
-/// The steps of the stage, in reading order; `Auto` runs the final design (10e).
+/// The steps of the stage, in reading order; `Auto` runs the final design (10f).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization
 ///   10b  warp specialization: a producer warp, two consumer warpgroups, setmaxnreg
 ///   10c  ping-pong: named barriers let one warpgroup's softmax run under the other's GEMMs
 ///   10d  intra-warpgroup overlap: the softmax of S_j runs under P_{j−1}·V_{j−1}
-///   10e  persistent: one block per SM loops over a list of query tiles
-enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5 };
-const std::vector<std::string>& step_names();  ///< "auto", "10a", "10b", "10c", "10d", "10e"
+///   10e  persistent: one block per SM loops over a list of query tiles, fixed in advance
+///   10f  dynamic scheduling: a block that finishes early takes the next tile (a global counter)
+enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5, F = 6 };
+const std::vector<std::string>& step_names();  ///< "auto", "10a", …, "10f"
 
 /// Settings that select a kernel (the option table in register.cpp). Per thread: a
 /// thread's options never change what another thread runs.

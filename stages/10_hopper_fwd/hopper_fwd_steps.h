@@ -18,6 +18,7 @@ StepKernel step_10a(int d, Dtype dtype, bool causal);  // 10a_tma_wgmma.cu
 StepKernel step_10b(int d, Dtype dtype, bool causal);  // 10b_warp_specialized.cu
 StepKernel step_10c(int d, Dtype dtype, bool causal);  // 10c_pingpong.cu
 StepKernel step_10d(int d, Dtype dtype, bool causal);  // 10d_overlap.cu
-StepKernel step_10e(int d, Dtype dtype, bool causal);  // hopper_fwd.cu (the final design)
+StepKernel step_10e(int d, Dtype dtype, bool causal);  // hopper_fwd.cu (the persistent kernel, static schedule)
+StepKernel step_10f(int d, Dtype dtype, bool causal);  // hopper_fwd.cu (the final design: dynamic schedule)
 
 }  // namespace fa::stage10

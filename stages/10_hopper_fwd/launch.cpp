@@ -12,6 +12,7 @@
 #include "hopper/traits.h"
 #include "hopper_fwd.h"
 #include "hopper_fwd_steps.h"
+#include "scratch.h"
 
 namespace fa::stage10 {
 
@@ -33,10 +34,11 @@ StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
     case Step::B: return step_10b(d, dtype, causal);
     case Step::C: return step_10c(d, dtype, causal);
     case Step::D: return step_10d(d, dtype, causal);
-    case Step::E:
+    case Step::E: return step_10e(d, dtype, causal);
+    case Step::F:
     case Step::Auto: break;
   }
-  return step_10e(d, dtype, causal);
+  return step_10f(d, dtype, causal);
 }
 
 int64_t query_tiles(const Problem& p, const StepKernel& k) {
@@ -53,10 +55,25 @@ dim3 grid_for(const Problem& p, const StepKernel& k) {
   return dim3(unsigned((p.seq_q + k.block_rows - 1) / k.block_rows), unsigned(p.heads), unsigned(p.batch));
 }
 
+/// Step 10f's sections under the causal mask: the largest power of two of (batch, head)
+/// pairs whose K and V fit in the L2 together (heads that share a KV head count their share),
+/// at least one. A power of two: 3, 6 and 12 heads measured 5–10% slower than 4, 8 and 16
+/// on an H100 (docs/results/h100_stage10_schedule.md); FlashAttention-3 rounds the same way.
+int heads_per_section(const Problem& p) {
+  int device = 0, l2_bytes = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const double kv_bytes_per_head = 2.0 * p.seq_k * p.head_dim * 2 / (p.heads / p.kv_heads);  // K and V, 2 bytes
+  const int64_t fit = int64_t(l2_bytes / std::max(kv_bytes_per_head, 1.0));
+  int64_t heads = 1;
+  while (2 * heads <= std::min<int64_t>(fit, int64_t(p.heads) * p.batch)) heads *= 2;
+  return int(heads);
+}
+
 }  // namespace
 
 const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e"};
+  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e", "10f"};
   return names;
 }
 
@@ -101,15 +118,27 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   params.kv_heads = p.kv_heads;
   params.seq_q = p.seq_q;
   params.seq_k = p.seq_k;
-  if (query_tiles(p, k) > INT32_MAX)
+  const dim3 grid = grid_for(p, k);
+  // The schedulers count tiles in an int, up to tiles_total + grid (a block's last look).
+  if (query_tiles(p, k) > INT32_MAX - int64_t(grid.x))
     throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(query_tiles(p, k)) +
-                                " query tiles (seq_q / B_r · heads · batch) exceed the tile counter's 2^31 − 1");
+                                " query tiles (seq_q / B_r · heads · batch) exceed the tile counter's 2^31 − 1 − " +
+                                std::to_string(grid.x));
   params.tiles_total = int(query_tiles(p, k));
+  // Step 10f's tile counter: one int of scratch (stream-ordered, so calls on other streams
+  // have their own), zeroed before the launch.
+  const bool dynamic = options.step == Step::F || options.step == Step::Auto;
+  const Scratch counter(dynamic ? sizeof(int) : 0, stream, kStageName, "the tile counter");
+  if (dynamic) {
+    params.tile_counter = static_cast<int*>(counter.data());
+    FA_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
+  }
+  params.heads_per_section = heads_per_section(p);
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
   void* args[] = {&params};
-  launch(k, grid_for(p, k), args, stream);
+  launch(k, grid, args, stream);
 }
 
 std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p, Dtype dtype) {
@@ -119,7 +148,7 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
   prepare_kernel(k);
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.emplace_back("step", o.step == Step::Auto ? "10e (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("step", o.step == Step::Auto ? "10f (auto)" : step_names()[size_t(o.step)]);
   rows.emplace_back("tile", "B_r = " + std::to_string(k.block_rows) + ", B_c = " + std::to_string(k.block_cols) +
                                 ", " + std::to_string(k.stages) + " K/V stages");
   const auto shape = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);

@@ -75,7 +75,8 @@ struct SharedPlan {
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
   // barriers: q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages],
   //           k_empty[kStages], v_empty[kStages]
-  static constexpr uint32_t bytes = barriers + 8 * (2 * kQBuffers + 4 * kStages);
+  static constexpr uint32_t tiles = barriers + 8 * (2 * kQBuffers + 4 * kStages);  // int [kQBuffers]
+  static constexpr uint32_t bytes = tiles + 4 * kQBuffers;
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
 };
@@ -93,6 +94,7 @@ struct SharedTiles {
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
+  int* tile;  ///< [kQBuffers]: the persistent kernel's work tile of each Q_i buffer (−1: no more work)
 
   __device__ explicit SharedTiles(unsigned char* raw) {
     using Plan = SharedPlan<d, R, kQBuffers>;
@@ -107,6 +109,7 @@ struct SharedTiles {
     v_full = k_full + kStages;
     k_empty = v_full + kStages;
     v_empty = k_empty + kStages;
+    tile = reinterpret_cast<int*>(base + Plan::tiles);
   }
   __device__ Elem* q_buffer(int b) const { return q + b * R::kBlockM * d; }
   __device__ Elem* k_stage(int s) const { return k + s * B_c * d; }
@@ -205,18 +208,10 @@ __device__ inline BlockWork block_work(const FwdParams& p) {
   return w;
 }
 
-/// The persistent kernel's (10e) t-th work tile. Without a mask every tile costs the same:
-/// the query tiles of one (batch, head) are consecutive, so the blocks running at one time
-/// share a few heads' K and V, which then stay in L2. Under the causal mask the last query
-/// tile of every head comes first, then the one above it, and so on: the heaviest tiles
-/// start first and the lightest fill the end. (Head-major order there would hand block b
-/// the same position in every head whenever the SM count is a multiple of the tiles per
-/// head: one block all heavy tiles, another all light ones.)
+/// Query tile `from_end` (counted from the end of the sequence, as in block_work) of the
+/// (batch, head) pair bh.
 template <int d, bool kCausal, class R>
-__device__ inline BlockWork tile_work(const FwdParams& p, int t) {
-  const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM, heads_total = p.batch * p.heads;
-  const int from_end = kCausal ? t / heads_total : t % query_tiles;
-  const int bh = kCausal ? t % heads_total : t / query_tiles;
+__device__ inline BlockWork work_of(const FwdParams& p, int bh, int from_end) {
   const int head = bh % p.heads, batch = bh / p.heads;
   BlockWork w;
   w.row0 = p.seq_q - (from_end + 1) * R::kBlockM;
@@ -225,5 +220,46 @@ __device__ inline BlockWork tile_work(const FwdParams& p, int t) {
   w.tiles = key_tiles(w.row0, R::kBlockM, p.seq_q, p.seq_k, Tile<d>::kBlockN, kCausal);
   return w;
 }
+
+/// The persistent kernels' work list: the t-th work tile (a query tile of one batch and
+/// head), in one of two orders.
+///
+/// Step 10e, AllHeads. Without a mask every tile costs the same: the query tiles of one
+/// (batch, head) are consecutive, so the blocks running at one time share a few heads' K and
+/// V, which then stay in L2. Under the causal mask the last query tile of every head comes
+/// first, then the one above it, and so on: the heaviest tiles start first and the lightest
+/// fill the end. (Head-major order there would hand block b the same position in every head
+/// whenever the SM count is a multiple of the tiles per head: one block all heavy tiles,
+/// another all light ones.) But the blocks running at one time then read the K and V of
+/// every head at once, more than the L2 holds, and each K/V tile comes from memory once per
+/// query tile that visits it.
+struct AllHeads {
+  template <int d, bool kCausal, class R>
+  __device__ static BlockWork work(const FwdParams& p, int t) {
+    const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM, heads_total = p.batch * p.heads;
+    const int from_end = kCausal ? t / heads_total : t % query_tiles;
+    const int bh = kCausal ? t % heads_total : t / query_tiles;
+    return work_of<d, kCausal, R>(p, bh, from_end);
+  }
+};
+
+/// Step 10f, HeadSections. Under the causal mask: the heads in sections of
+/// p.heads_per_section (the launcher's rule: a power of two, their K and V fitting in the L2
+/// together), a section at a time, and inside a section the last query tile of every head
+/// first, then the one above it, and so on. The heaviest tiles still come first within the
+/// section (and the dynamic scheduler evens out the rest), while the blocks running at one
+/// time read one section's K and V, which stays in L2. Without a mask, 10e's order: the
+/// tiles of one head are consecutive already.
+struct HeadSections {
+  template <int d, bool kCausal, class R>
+  __device__ static BlockWork work(const FwdParams& p, int t) {
+    if constexpr (!kCausal) return AllHeads::work<d, kCausal, R>(p, t);
+    const int query_tiles = (p.seq_q + R::kBlockM - 1) / R::kBlockM, heads_total = p.batch * p.heads;
+    const int per_section = p.heads_per_section * query_tiles;
+    const int first_head = t / per_section * p.heads_per_section, in_section = t % per_section;
+    const int heads_here = min(p.heads_per_section, heads_total - first_head);  // the last section may be short
+    return work_of<d, kCausal, R>(p, first_head + in_section % heads_here, in_section / heads_here);
+  }
+};
 
 }  // namespace fa::stage10
