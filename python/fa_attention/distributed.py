@@ -204,10 +204,11 @@ def _merge(O_acc, L_acc, O_part, L_part):
     return w_acc * O_acc + w_part * O_part, L
 
 
-def _block(rank, owner, n, split, causal):
+def _block(rank, owner, n, n_k, split, causal):
     """Which part of the K/V shard of rank `owner` this rank's queries attend to: (query rows,
-    key rows, causal) as slices of the two local shards of n rows, or None when no query sees
-    any of its keys. With the causal mask (stage 12, "The split and the three kinds of pair"):
+    key rows, causal) as slices of the local shards (n query rows, n_k key rows), or None when no
+    query sees any of its keys. With the causal mask (n = n_k; stage 12, "The split and the
+    three kinds of pair"):
       - owner = rank: the diagonal. The shard's own bottom-right mask is the problem's: in a
         zigzag shard [chunk r; chunk 2P-1-r] the early rows see the early keys causally and no
         late key, the late rows every early key and the late keys causally, which is the n x n
@@ -218,16 +219,16 @@ def _block(rank, owner, n, split, causal):
       - zigzag, a later owner: both its chunks lie between our two: our late half of rows against
         all of its keys, our early half against none.
     Every zigzag step after the first is then n·n/2 score entries on every rank: the balance."""
-    everything = slice(0, n)
+    rows, keys = slice(0, n), slice(0, n_k)
     if not causal:
-        return everything, everything, False
+        return rows, keys, False
     if owner == rank:
-        return everything, everything, True
+        return rows, keys, True
     if split == "plain":
-        return (everything, everything, False) if owner < rank else None
+        return (rows, keys, False) if owner < rank else None
     if owner < rank:
-        return everything, slice(0, n // 2), False
-    return slice(n // 2, n), everything, False
+        return rows, slice(0, n_k // 2), False
+    return slice(n // 2, n), keys, False
 
 
 # ---- ring attention ----
@@ -247,7 +248,7 @@ class _RingAttention(torch.autograd.Function):
             more = step + 1 < P
             if more:  # pass the shard on while computing with it: the next rank needs it next step
                 kv_ring.start(kv)
-            block = _block(rank, owner, n, split, causal)
+            block = _block(rank, owner, n, k.shape[2], split, causal)
             if block is not None:
                 rows, keys, block_causal = block
                 O_part, L_part = _forward(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], block_causal,
@@ -279,7 +280,7 @@ class _RingAttention(torch.autograd.Function):
             # This step's part of dK, dV of the shard in hand, in a tensor of its own: last step's
             # sums may still be on their way to the next rank. fp32: they are summed over P ranks.
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # [2, b, hkv, n, d]
-            block = _block(rank, owner, n, split, causal)
+            block = _block(rank, owner, n, k.shape[2], split, causal)
             if block is not None:
                 rows, keys, block_causal = block
                 # The whole problem's O and L for these rows: P_ij = e^{S_ij − L_i} and D_i are the
