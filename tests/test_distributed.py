@@ -11,15 +11,16 @@ hkv = P); odd chunk lengths (3 rows); keys longer than queries. Then a ring of o
 group of rank 0 alone) must be the op bit for bit, and every refusal must come as a ValueError
 that names the value.
 
-The comparison catches a wrong ring. Planted by hand in distributed.py, each of these failed
-it (the error of O or of a gradient went from 1e-6 to 0.1-3):
-  - the later owner's zigzag block with our early half of rows (swapped halves);
-  - the earlier owner's zigzag block with its late half of keys;
+The comparison catches a wrong ring or a wrong reorder. Planted by hand in distributed.py, one
+at a time, each of these failed it (errors of O or of a gradient of 1 to 100 against the
+passing run's 1e-6; the checks of the cases it does not touch still passed):
+  - the later owner's zigzag block with our early half of rows instead of our late half;
+  - the earlier owner's zigzag block with its late half of keys instead of its early half;
   - a missing block (the step with owner (rank - 1) % P skipped);
-  - the merge's weights exchanged (w_acc for the part, w_part for the accumulator);
-  - the backward with the block's own L (from a forward of the block) instead of the final L;
-  - the dK/dV sums not added to what arrives (each rank's part alone goes home);
-  - Ulysses' zigzag reorder left out (the causal mask then sees the rows out of order).
+  - the merge's weights exchanged (w_part on the accumulator, w_acc on the part);
+  - the backward given the block's own L (from a forward of the block) instead of the final L;
+  - the dK/dV sums that arrive dropped instead of added (each rank's part alone goes on);
+  - Ulysses' zigzag reorder left out on the way in (kept on the way back).
 
 Runs as a script (CTest python_distributed; exit 77 = skipped without torch, torch.distributed
 or gloo) or under pytest. No GPU is needed; the NCCL side is scripts/bench_distributed.py.

@@ -39,11 +39,12 @@ import math
 import torch
 import torch.distributed as dist
 
-from fa_attention import torch_ops  # noqa: F401 (loads the op: torch.ops.fa_attention)
+# The op (importing torch_ops loads it): torch.ops.fa_attention.forward / backward,
+#   _forward(q, k, v, causal, scale, stage) -> (O, L)
+#   _backward(q, k, v, O, L, dO, causal, scale, stage) -> (dQ, dK, dV)
+from fa_attention.torch_ops import _backward, _forward
 
 SPLITS = ("zigzag", "plain")
-_forward = torch.ops.fa_attention.forward.default    # (q, k, v, causal, scale, stage) -> (O, L)
-_backward = torch.ops.fa_attention.backward.default  # (q, k, v, O, L, dO, causal, scale, stage) -> (dQ, dK, dV)
 
 
 # ---- the group, the split, the checks ----
