@@ -169,14 +169,17 @@ class _Ring:
 
     def __init__(self, group, tag):
         P, rank = dist.get_world_size(group), dist.get_rank(group)
+        group = group if group is not None else dist.group.WORLD
         self.group, self.tag = group, tag
-        self.next, self.prev = (rank + 1) % P, (rank - 1) % P
+        # P2POp names its peer by global rank (the rank in the default group).
+        self.next = dist.get_global_rank(group, (rank + 1) % P)
+        self.prev = dist.get_global_rank(group, (rank - 1) % P)
         self.pending = None
 
     def start(self, send):
         receive = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send, group=self.group, tag=self.tag, group_peer=self.next),
-               dist.P2POp(dist.irecv, receive, group=self.group, tag=self.tag, group_peer=self.prev)]
+        ops = [dist.P2POp(dist.isend, send, self.next, self.group, self.tag),
+               dist.P2POp(dist.irecv, receive, self.prev, self.group, self.tag)]
         self.pending = (dist.batch_isend_irecv(ops), receive)
 
     def finish(self):
