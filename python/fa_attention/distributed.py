@@ -223,6 +223,7 @@ def _block(rank, owner, n, n_k, split, causal):
       - zigzag, a later owner: both its chunks lie between our two: our late half of rows against
         all of its keys, our early half against none.
     Every zigzag step after the first is then n·n/2 score entries on every rank: the balance."""
+    # [torch block]
     rows, keys = slice(0, n), slice(0, n_k)
     if not causal:
         return rows, keys, False
@@ -233,6 +234,7 @@ def _block(rank, owner, n, n_k, split, causal):
     if owner < rank:
         return rows, slice(0, n_k // 2), False
     return slice(n // 2, n), keys, False
+    # [torch block]
 
 
 # ---- ring attention ----
@@ -243,6 +245,7 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, causal, scale, stage, split):
         P, rank = dist.get_world_size(group), dist.get_rank(group)
         n = q.shape[2]
+        # [torch ring forward]
         kv_ring = _Ring(group, tag=0)
         kv = torch.stack((k, v))  # [2, b, hkv, n, d]: K and V of one shard travel as one message
         O_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)          # [b, h, n, d]
@@ -262,6 +265,7 @@ class _RingAttention(torch.autograd.Function):
             if more:
                 kv = kv_ring.finish()
         O = O_acc.to(q.dtype)  # rounded once, as one call's O
+        # [torch ring forward]
         ctx.save_for_backward(q, k, v, O, L_acc)
         ctx.ring = (group, causal, scale, stage, split)
         return O
