@@ -324,6 +324,15 @@ TEST_CASE("10: launch report") {
     all += key + ": " + value + "\n";
   INFO(all);
   CHECK(all.find("10f (auto)") != std::string::npos);
+  // auto's rule (launch.cpp, resolve): 10a at d = 64 with at most 1024 keys, else 10f.
+  for (const auto& [p, step] : {std::pair{make(1, 2, 2, 2048, 1024, 64, true), "10a (auto)"},
+                                std::pair{make(1, 2, 2, 300, 1025, 64, false), "10f (auto)"},
+                                std::pair{make(1, 2, 2, 1024, 1024, 128, false), "10f (auto)"}}) {
+    std::string rows;
+    for (const auto& [key, value] : stage().report(p, fa::Dtype::BF16)) rows += key + ": " + value + "\n";
+    CAPTURE(rows);
+    CHECK(rows.find(std::string("step: ") + step) != std::string::npos);
+  }
   CHECK(all.find("B_r = 128, B_c = 128, 2 K/V stages") != std::string::npos);
   CHECK(all.find("grid: 12 x 1 x 1") != std::string::npos);  // persistent: ceil(130 / 128)·3 heads·2 batch tiles < SMs
   {

@@ -15,7 +15,8 @@
 
 namespace fa::stage10 {
 
-/// The steps of the stage, in reading order; `Auto` runs the final design (10f).
+/// The steps of the stage, in reading order; `Auto` runs the final design (10f), or 10a at
+/// d = 64 with at most 1024 keys (launch.cpp says why).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization
 ///   10b  warp specialization: a producer warp, two consumer warpgroups, setmaxnreg
 ///   10c  ping-pong: named barriers let one warpgroup's softmax run under the other's GEMMs

@@ -28,6 +28,15 @@ void check_request(const Problem& p, Dtype dtype) {
   require_grid_rows(kStageName, p);  // steps 10a–10d: one grid row per head, one layer per batch
 }
 
+/// What `auto` runs: 10f, except at d = 64 with at most 1024 keys, where step 10a is faster
+/// (a query tile there visits at most 8 key tiles, so the pipeline of a specialised block
+/// barely fills, while 10a runs three small blocks per SM; docs/results/h100_hopper_10f.csv:
+/// 433–438 against 396–402 TFLOP/s without a mask, 329–333 against 296–297 with it).
+Step resolve(Step step, const Problem& p) {
+  if (step != Step::Auto) return step;
+  return p.head_dim == 64 && p.seq_k <= 1024 ? Step::A : Step::F;
+}
+
 StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
   switch (step) {
     case Step::A: return step_10a(d, dtype, causal);
@@ -36,7 +45,7 @@ StepKernel kernel_for(Step step, int d, Dtype dtype, bool causal) {
     case Step::D: return step_10d(d, dtype, causal);
     case Step::E: return step_10e(d, dtype, causal);
     case Step::F:
-    case Step::Auto: break;
+    case Step::Auto: break;  // resolve() has chosen by then
   }
   return step_10f(d, dtype, causal);
 }
@@ -101,7 +110,8 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   }
   require_hopper(kStageName);
 
-  const StepKernel k = kernel_for(options.step, p.head_dim, dtype, p.causal);
+  const Step step = resolve(options.step, p);
+  const StepKernel k = kernel_for(step, p.head_dim, dtype, p.causal);
   const int64_t q_heads = int64_t(p.batch) * p.heads, kv_heads = int64_t(p.batch) * p.kv_heads;
   FwdParams params{};
   params.map_q = make_tensor_map(Q, dtype, p.head_dim, p.seq_q, q_heads, kRowsPerWarpgroup, kStageName, "Q");
@@ -127,7 +137,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   params.tiles_total = int(query_tiles(p, k));
   // Step 10f's tile counter: one int of scratch (stream-ordered, so calls on other streams
   // have their own), zeroed before the launch.
-  const bool dynamic = options.step == Step::F || options.step == Step::Auto;
+  const bool dynamic = step == Step::F;
   const Scratch counter(dynamic ? sizeof(int) : 0, stream, kStageName, "the tile counter");
   if (dynamic) {
     params.tile_counter = static_cast<int*>(counter.data());
@@ -145,10 +155,11 @@ std::vector<std::pair<std::string, std::string>> launch_report(const Problem& p,
   check_request(p, dtype);
   require_hopper(kStageName);
   const Options o = current_options();
-  const StepKernel k = kernel_for(o.step, p.head_dim, dtype, p.causal);
+  const Step step = resolve(o.step, p);
+  const StepKernel k = kernel_for(step, p.head_dim, dtype, p.causal);
   prepare_kernel(k);
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.emplace_back("step", o.step == Step::Auto ? "10f (auto)" : step_names()[size_t(o.step)]);
+  rows.emplace_back("step", step_names()[size_t(step)] + (o.step == Step::Auto ? " (auto)" : ""));
   rows.emplace_back("tile", "B_r = " + std::to_string(k.block_rows) + ", B_c = " + std::to_string(k.block_cols) +
                                 ", " + std::to_string(k.stages) + " K/V stages");
   const auto shape = describe_launch(k.fn, grid_for(p, k), dim3(unsigned(k.threads)), k.smem_bytes);

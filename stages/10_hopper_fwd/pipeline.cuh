@@ -250,6 +250,7 @@ struct AllHeads {
 /// section (and the dynamic scheduler evens out the rest), while the blocks running at one
 /// time read one section's K and V, which stays in L2. Without a mask, 10e's order: the
 /// tiles of one head are consecutive already.
+//! [head sections]
 struct HeadSections {
   template <int d, bool kCausal, class R>
   __device__ static BlockWork work(const FwdParams& p, int t) {
@@ -261,5 +262,6 @@ struct HeadSections {
     return work_of<d, kCausal, R>(p, first_head + in_section % heads_here, in_section / heads_here);
   }
 };
+//! [head sections]
 
 }  // namespace fa::stage10

@@ -15,7 +15,7 @@ const OptionTable& options() {
   static const OptionTable table{
       kStageName,
       {Option::choice("step", step_names(),
-                      "which step of the stage runs: auto (the final design, 10f), 10a (TMA + wgmma, one warpgroup), "
+                      "which step of the stage runs: auto (the final design, 10f; 10a at d = 64 with at most 1024 keys), 10a (TMA + wgmma, one warpgroup), "
                       "10b (warp specialization), 10c (ping-pong), 10d (softmax overlapped with the next GEMM), "
                       "10e (persistent: one block per SM), 10f (dynamic tile scheduler)")}};
   return table;
