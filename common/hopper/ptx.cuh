@@ -52,6 +52,22 @@ __device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
                : "memory");
 }
 
+/// Raises the bytes the barrier's current phase waits for, without arriving.
+__device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+/// A 4-byte store into this block's shared memory through the async proxy (st.async), which
+/// completes 4 bytes of `bar`'s transaction count when it lands, as a TMA copy does: a reader
+/// that waits on `bar` then sees the value. (A block outside a cluster is a cluster of one,
+/// so its own shared::cta addresses are valid shared::cluster ones.)
+__device__ inline void st_async_b32(void* dst, uint32_t value, uint64_t* bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(smem_address(dst)),
+               "r"(value), "r"(smem_address(bar))
+               : "memory");
+}
+
 /// Arrives (counts one of the phase's arrivals).
 __device__ inline void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");

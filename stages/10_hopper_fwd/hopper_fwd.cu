@@ -75,12 +75,16 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
       for (int t = tiles.first(), round = 0;; ++round) {
         const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
         mbarrier_wait(&sm.q_empty[b], PipelineState<kQ>::at(round).phase ^ 1);  // they are done with this one
-        if (!tiles.valid(t)) {  // no more work: tell the consumers through the Q_i barrier
-          sm.tile[b] = -1;
+        // The tile's index travels with Q_i: an async store that q_full[b] waits for, like
+        // the TMA's bytes (a plain store here would be ordered only by the barrier's arrival,
+        // which compute-sanitizer's racecheck does not follow).
+        mbarrier_expect_tx(&sm.q_full[b], sizeof(int));
+        if (!tiles.valid(t)) {  // no more work: −1, and the arrival without a Q_i
+          st_async_b32(&sm.tile[b], uint32_t(-1), &sm.q_full[b]);
           mbarrier_arrive(&sm.q_full[b]);
           break;
         }
-        sm.tile[b] = t;  // published to the consumers by load_q's arrival on q_full[b]
+        st_async_b32(&sm.tile[b], uint32_t(t), &sm.q_full[b]);
         const BlockWork work = Order::template work<d, kCausal, R>(p, t);
         load_q(sm, p, work.row0, work.bh, b);
         const int t_next = tiles.next(t);  // asked now: 10f's answer comes back while K/V stream in
@@ -103,8 +107,8 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
   for (int round = 0;; ++round) {
     const int b = round % kQ;
     mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
-    const int t = sm.tile[b];
-    if (t < 0) break;  // the producer found no more work
+    const int t = sm.tile[b];  // written with Q_i (async proxy); q_full[b] has waited for it
+    if (t < 0) break;          // the producer found no more work
     const BlockWork work = Order::template work<d, kCausal, R>(p, t);
     const int count = work.tiles.count, query0 = work.row0 + wg_row0;
     Elem* q_tile = sm.q_buffer(b);
