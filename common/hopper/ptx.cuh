@@ -58,15 +58,9 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
-/// A 4-byte store into this block's shared memory through the async proxy (st.async), which
-/// completes 4 bytes of `bar`'s transaction count when it lands, as a TMA copy does: a reader
-/// that waits on `bar` then sees the value. (A block outside a cluster is a cluster of one,
-/// so its own shared::cta addresses are valid shared::cluster ones.)
-__device__ inline void st_async_b32(void* dst, uint32_t value, uint64_t* bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(smem_address(dst)),
-               "r"(value), "r"(smem_address(bar))
-               : "memory");
-}
+/// This thread's earlier ordinary (generic-proxy) writes to global memory are seen by its
+/// later async-proxy reads of them (a bulk copy).
+__device__ inline void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 /// Arrives (counts one of the phase's arrivals).
 __device__ inline void mbarrier_arrive(uint64_t* bar) {
@@ -111,7 +105,8 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
 
 /// Copies `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from
 /// global memory to shared memory, reported to `bar` like a tensor copy. Stage 11 moves its
-/// per-row statistics (L, D of a query tile) with it.
+/// per-row statistics (L, D of a query tile) with it, stage 10's persistent kernels their
+/// tile indices.
 __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_address(dst)),

@@ -75,8 +75,9 @@ struct SharedPlan {
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
   // barriers: q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages],
   //           k_empty[kStages], v_empty[kStages]
-  static constexpr uint32_t tiles = barriers + 8 * (2 * kQBuffers + 4 * kStages);  // int [kQBuffers]
-  static constexpr uint32_t bytes = tiles + 4 * kQBuffers;
+  static constexpr uint32_t tiles = barriers + 8 * (2 * kQBuffers + 4 * kStages);  // int [kQBuffers][4]
+  static_assert(tiles % 16 == 0, "a bulk copy lands on 16-byte-aligned shared memory");
+  static constexpr uint32_t bytes = tiles + 16 * kQBuffers;
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
 };
@@ -94,7 +95,7 @@ struct SharedTiles {
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
-  int* tile;  ///< [kQBuffers]: the persistent kernel's work tile of each Q_i buffer (−1: no more work)
+  int* tile;  ///< [kQBuffers][4]: the persistent kernels' work tile of each Q_i buffer in [b][0] (−1: no more work)
 
   __device__ explicit SharedTiles(unsigned char* raw) {
     using Plan = SharedPlan<d, R, kQBuffers>;
