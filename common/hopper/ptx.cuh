@@ -58,10 +58,6 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
-/// This thread's earlier ordinary (generic-proxy) writes to global memory are seen by its
-/// later async-proxy reads of them (a bulk copy).
-__device__ inline void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-
 /// Arrives (counts one of the phase's arrivals).
 __device__ inline void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
@@ -105,8 +101,7 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
 
 /// Copies `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from
 /// global memory to shared memory, reported to `bar` like a tensor copy. Stage 11 moves its
-/// per-row statistics (L, D of a query tile) with it, stage 10's persistent kernels their
-/// tile indices.
+/// per-row statistics (L, D of a query tile) with it.
 __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_address(dst)),

@@ -39,15 +39,9 @@ struct FwdParams {
   int tiles_total;  ///< query tiles × heads × batch (the persistent kernel's work list)
   int* tile_counter;      ///< the dynamic scheduler's counter (step 10f), 0 at launch; unused by 10e
   int heads_per_section;  ///< step 10f's order: heads whose K and V fit in the L2 together
-  /// The persistent kernels' (10e, 10f) handover of tile indices: [grid][kTileSlots][4] ints,
-  /// one 16-byte slot per block and Q_i buffer (scratch).
-  int* tile_slots;
   float scale_log2;  ///< scale · log2(e): e^{scale·x} = 2^{scale_log2·x}
   float scale;
 };
-
-/// Tile-index slots per block in FwdParams::tile_slots: one per Q_i buffer (at most two).
-constexpr int kTileSlots = 2;
 
 /// Rows per TMA box of Q and O (one warpgroup's rows).
 constexpr int kRowsPerWarpgroup = 64;

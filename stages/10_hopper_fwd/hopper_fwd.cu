@@ -75,21 +75,12 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
       for (int t = tiles.first(), round = 0;; ++round) {
         const int b = round % kQ;  // Q_i buffer: the consumers may still be using the other one
         mbarrier_wait(&sm.q_empty[b], PipelineState<kQ>::at(round).phase ^ 1);  // they are done with this one
-        // The tile's index travels with Q_i: the producer writes it to this block's slot in
-        // global memory and a 16-byte bulk copy brings it next to the Q_i buffer, completing on
-        // q_full[b] like Q_i's own bytes. (A plain shared-memory store ordered by the barrier's
-        // arrival would be correct too, but compute-sanitizer's racecheck does not follow
-        // mbarriers and reports the next round's store as a race.)
-        int* slot = p.tile_slots + (blockIdx.x * kTileSlots + b) * 4;
-        *reinterpret_cast<int4*>(slot) = make_int4(tiles.valid(t) ? t : -1, 0, 0, 0);
-        fence_proxy_async_global();  // the copy engine reads what this thread just wrote
-        if (!tiles.valid(t)) {  // no more work: −1, and no Q_i
-          mbarrier_arrive_expect_tx(&sm.q_full[b], 16);
-          bulk_load(sm.tile + 4 * b, slot, 16, &sm.q_full[b]);
+        if (!tiles.valid(t)) {  // no more work: tell the consumers through the Q_i barrier
+          sm.tile[b] = -1;
+          mbarrier_arrive(&sm.q_full[b]);
           break;
         }
-        mbarrier_expect_tx(&sm.q_full[b], 16);  // load_q below arrives, adding Q_i's bytes
-        bulk_load(sm.tile + 4 * b, slot, 16, &sm.q_full[b]);
+        sm.tile[b] = t;  // published to the consumers by load_q's arrival on q_full[b]
         const BlockWork work = Order::template work<d, kCausal, R>(p, t);
         load_q(sm, p, work.row0, work.bh, b);
         const int t_next = tiles.next(t);  // asked now: 10f's answer comes back while K/V stream in
@@ -112,7 +103,7 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
   for (int round = 0;; ++round) {
     const int b = round % kQ;
     mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
-    const int t = sm.tile[4 * b];  // copied in with Q_i; q_full[b] has waited for it
+    const int t = sm.tile[b];  // written before the producer's arrival on q_full[b], which we waited for
     if (t < 0) break;          // the producer found no more work
     const BlockWork work = Order::template work<d, kCausal, R>(p, t);
     const int count = work.tiles.count, query0 = work.row0 + wg_row0;
@@ -188,12 +179,13 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
     }
     write_output<d>(o, st, q_tile, R::kBlockM, wg_row0, p, query0, work.bh, R::kEpilogueBarrier + c);
     //! [release q]
-    // The next TMA into the Q tile (async proxy) must come after this warp's ordinary reads
-    // and writes of it (generic proxy): fence, then release the tile.
-    // LAB BEGIN: release Q — hint: the producer's next TMA into this Q buffer (async proxy) must come after this warp's ordinary reads and writes of it (generic proxy): fence_proxy_async_smem in every thread, __syncwarp, then one arrival per warp on q_empty[b] (release)
+    // The next TMA into the Q tile (async proxy) must come after this thread's ordinary reads
+    // and writes of it (generic proxy): fence, then release the tile. Every thread arrives (a
+    // release of its own accesses: the epilogue's and its read of sm.tile[b], which the
+    // producer overwrites next time round).
+    // LAB BEGIN: release Q — hint: the producer's next TMA into this Q buffer (async proxy) must come after this thread's ordinary reads and writes of it (generic proxy): fence_proxy_async_smem, then this thread's own arrival on q_empty[b] (mbarrier_arrive), which counts every consumer thread
     fence_proxy_async_smem();
-    __syncwarp();
-    release(&sm.q_empty[b]);
+    mbarrier_arrive(&sm.q_empty[b]);
     // LAB END
     //! [release q]
     ring += count;

@@ -135,14 +135,13 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
                                 " query tiles (seq_q / B_r · heads · batch) exceed the tile counter's 2^31 − 1 − " +
                                 std::to_string(grid.x));
   params.tiles_total = int(query_tiles(p, k));
-  // The persistent steps' scratch (stream-ordered, so calls on other streams have their own):
-  // 16 bytes for 10f's tile counter, zeroed before the launch, then the blocks' tile slots.
-  const Scratch scratch(k.persistent ? 16 + size_t(grid.x) * kTileSlots * 16 : 0, stream, kStageName,
-                        "the tile counter and slots");
-  if (k.persistent) {
-    params.tile_counter = static_cast<int*>(scratch.data());
-    params.tile_slots = params.tile_counter + 4;
-    if (step == Step::F) FA_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
+  // Step 10f's tile counter: one int of scratch (stream-ordered, so calls on other streams
+  // have their own), zeroed before the launch.
+  const bool dynamic = step == Step::F;
+  const Scratch counter(dynamic ? sizeof(int) : 0, stream, kStageName, "the tile counter");
+  if (dynamic) {
+    params.tile_counter = static_cast<int*>(counter.data());
+    FA_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
   }
   params.heads_per_section = heads_per_section(p);
   params.scale = p.softmax_scale();

@@ -75,9 +75,8 @@ struct SharedPlan {
   static constexpr uint32_t barriers = v + kStages * tile_bytes(B_c, d);
   // barriers: q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages],
   //           k_empty[kStages], v_empty[kStages]
-  static constexpr uint32_t tiles = barriers + 8 * (2 * kQBuffers + 4 * kStages);  // int [kQBuffers][4]
-  static_assert(tiles % 16 == 0, "a bulk copy lands on 16-byte-aligned shared memory");
-  static constexpr uint32_t bytes = tiles + 16 * kQBuffers;
+  static constexpr uint32_t tiles = barriers + 8 * (2 * kQBuffers + 4 * kStages);  // int [kQBuffers]
+  static constexpr uint32_t bytes = tiles + 4 * kQBuffers;
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
 };
@@ -90,12 +89,12 @@ struct SharedTiles {
   Elem* k;
   Elem* v;
   uint64_t* q_full;   ///< [kQBuffers]
-  uint64_t* q_empty;  ///< [kQBuffers]: the persistent kernel (10e) reloads a Q_i buffer once the consumers are done with it
+  uint64_t* q_empty;  ///< [kQBuffers]: the persistent kernels (10e, 10f) reload a Q_i buffer once every consumer thread is done with it
   uint64_t* k_full;
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
-  int* tile;  ///< [kQBuffers][4]: the persistent kernels' work tile of each Q_i buffer in [b][0] (−1: no more work)
+  int* tile;  ///< [kQBuffers]: the persistent kernels' work tile of each Q_i buffer (−1: no more work)
 
   __device__ explicit SharedTiles(unsigned char* raw) {
     using Plan = SharedPlan<d, R, kQBuffers>;
@@ -120,7 +119,7 @@ struct SharedTiles {
   __device__ void init_barriers() const {
     for (int b = 0; b < kQBuffers; ++b) {
       mbarrier_init(&q_full[b], 1);
-      mbarrier_init(&q_empty[b], 4 * R::kConsumers);
+      mbarrier_init(&q_empty[b], 128 * R::kConsumers);  // one arrival per consumer thread
     }
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
