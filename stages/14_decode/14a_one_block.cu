@@ -21,6 +21,7 @@ namespace fa::stage14 {
 
 namespace {
 
+//! [one block]
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) decode_14a(const DecodeParams p) {
   __shared__ TileSmem<T, D> sm;
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kThreads) decode_14a(const DecodeParams p) {
   for (int h = hk * p.group; h < (hk + 1) * p.group; ++h)  // one head at a time: K/V read group times
     attend_rows(sm, p, b, TileRows{h, 0, p.q_len}, 0, len, 0, key_row);
 }
+//! [one block]
 
 }  // namespace
 
