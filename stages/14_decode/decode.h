@@ -11,6 +11,9 @@
 namespace fa::stage14 {
 
 inline constexpr const char* kStage = "14_decode";
+/// The stage's idea in one line (the stage map of the docs reads it).
+inline constexpr const char* kIdea =
+    "decoding at the memory roofline: split-KV with a log-sum-exp combine, GQA packing, a paged KV cache";
 
 // ---------------------------------------------------------------- the CPU step (decode_cpu.cpp)
 
