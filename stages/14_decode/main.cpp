@@ -9,6 +9,8 @@
 //   stage14 --bench --csv out.csv ...                           append one row to a CSV
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
