@@ -218,7 +218,10 @@ TEST_CASE("refusals name the value and what is allowed; nothing is written") {
   // Entries past a sequence's used blocks are not read, and so not checked.
   table = tp.block_table;
   table[size_t(pp.blocks_per_seq - 1)] = 1 << 30;  // sequence 0 (10 tokens) uses 1 block of 2
-  CHECK(decode(pp, table.data()) == "(not refused)");
+  CHECK(refusal([&] {
+          s14::decode_cpu(pp, tp.Q.data(), tp.K_cache.data(), tp.V_cache.data(), table.data(), tp.O.data(),
+                          tp.L.data());
+        }) == "(not refused)");
 
   q = p;
   q.cache_seqlens = {10, 0};
