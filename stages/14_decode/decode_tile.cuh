@@ -9,7 +9,8 @@
 ///
 /// The block: 128 threads (4 warps). Per key tile of kTileKeys = 32 keys:
 ///   load     K, V tile [32][d] with 16-byte cp.async copies, the next tile's during this one's math
-///   scores   warp w owns rows w, w+4, w+8, w+12; lane = key: s = q·k (fp32), masked to −inf
+///   scores   warp w owns rows w, w+4, w+8, w+12 (those that hold a query); lane = key:
+///            s = q·k (fp32), masked to −inf
 ///   softmax  per row: m' = max(m, max_j s), α = 2^{m − m'}, p = 2^{s − m'}, l = α·l + Σ p
 ///   O        thread t owns row t/8 and d/8 columns: O_acc = α·O_acc + Σ_j p_j·v_j
 /// Scores are kept in base 2 (q pre-scaled by scale·log2 e), so exp2 does the exponentials;
@@ -111,9 +112,11 @@ __device__ void load_kv_tile(TileSmem<T, D>& sm, int buf, const DecodeParams& p,
 }
 
 /// Scores of this tile, the online-softmax update of each row's (m, l), and the
-/// probabilities into sm.p (their rescale α into sm.alpha). Warp w, lane = key.
+/// probabilities into sm.p (their rescale α into sm.alpha). Warp w, lane = key. Only the
+/// tile's `count` rows that hold a query are computed: with one query row per head and four
+/// heads to a KV head, 4 of the 16 (a branch the same in every lane of a warp).
 template <class T, int D>
-__device__ void scores_and_softmax(TileSmem<T, D>& sm, int buf, int64_t j0, int64_t key_end,
+__device__ void scores_and_softmax(TileSmem<T, D>& sm, int buf, int64_t j0, int64_t key_end, int count,
                                    float (&m)[kRowsPerWarp], float (&l)[kRowsPerWarp]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float s[kRowsPerWarp] = {};  // s[i]: row warp + 4i against key j0 + lane, base 2
@@ -122,6 +125,7 @@ __device__ void scores_and_softmax(TileSmem<T, D>& sm, int buf, int64_t j0, int6
     to_floats<T>(*reinterpret_cast<const uint4*>(&sm.k[buf][lane][c]), k8);
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (warp + kWarps * i >= count) continue;      // a padding row
       const float* q = &sm.q[warp + kWarps * i][c];  // the same address in every lane: a broadcast
 #pragma unroll
       for (int e = 0; e < 8; ++e) s[i] += q[e] * k8[e];
@@ -131,6 +135,7 @@ __device__ void scores_and_softmax(TileSmem<T, D>& sm, int buf, int64_t j0, int6
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int r = warp + kWarps * i;
+    if (r >= count) continue;
     if (j >= key_end || j >= sm.visible[r]) s[i] = -INFINITY;  // a key this row does not see
     float tile_max = s[i];
     for (int off = 16; off > 0; off /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
@@ -150,10 +155,11 @@ __device__ void scores_and_softmax(TileSmem<T, D>& sm, int buf, int64_t j0, int6
 
 /// O_acc ← α·O_acc + Σ_j p_j·v_j for this thread's row and columns: row threadIdx.x / 8;
 /// 16-byte chunks g, g + 8, … of the row (g = threadIdx.x % 8), so that the 8 threads of a
-/// row read 128 consecutive bytes of a V row.
+/// row read 128 consecutive bytes of a V row. Threads of a padding row (r ≥ count) skip it.
 template <class T, int D>
-__device__ void accumulate_pv(const TileSmem<T, D>& sm, int buf, float (&O_acc)[D / 8]) {
+__device__ void accumulate_pv(const TileSmem<T, D>& sm, int buf, int count, float (&O_acc)[D / 8]) {
   const int r = threadIdx.x / kThreadsPerRow, g = threadIdx.x % kThreadsPerRow;
+  if (r >= count) return;
   const float alpha = sm.alpha[r];
 #pragma unroll
   for (int c = 0; c < D / 8; ++c) O_acc[c] *= alpha;
@@ -209,9 +215,9 @@ __device__ void attend_rows(TileSmem<T, D>& sm, const DecodeParams& p, int b, Ti
       cp_async_wait<0>();
     }
     __syncthreads();  // this tile's K and V are in shared memory, from every thread's copies
-    scores_and_softmax(sm, buf, j0, key_end, m, l);
+    scores_and_softmax(sm, buf, j0, key_end, rows.count, m, l);
     __syncthreads();  // sm.p and sm.alpha of every row written
-    accumulate_pv(sm, buf, O_acc);
+    accumulate_pv(sm, buf, rows.count, O_acc);
     __syncthreads();  // every thread done with this buffer and sm.p before they are overwritten
   }
 
