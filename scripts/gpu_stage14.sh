@@ -56,21 +56,23 @@ for t in cpu emu gpu; do
   [[ $rc == 0 ]] && note "test_stage14_$t: PASS" || note "test_stage14_$t: FAIL (rc=$rc; see tests.log)"
 done
 
-# --- every step through the program, checked, on a few shapes (contiguous: 14a–14d; paged: 14d)
+# --- every step through the program, checked, on a few shapes (contiguous: 14a–14d; paged: 14d);
+# the append is checked where every length counts the new tokens (a length 0 cannot)
 {
-  for args in "--lens 1000,1,0,4097 --q-len 1" "--lens 300,77 --q-len 4 --heads 32 --kv-heads 4" \
-              "--lens 513 --q-len 16 --heads 8 --kv-heads 8 --head-dim 64 --dtype f16"; do
+  for args in "--lens 1000,1,0,4097 --q-len 1" "--lens 300,77 --q-len 4 --heads 32 --kv-heads 4 --append" \
+              "--lens 513,16 --q-len 16 --heads 8 --kv-heads 8 --head-dim 64 --dtype f16 --append"; do
     for step in 14a 14b 14c 14d; do
       echo "== $step $args"
-      timeout 60 $S --step $step $args --append 2>&1 | grep -E "launch|PASS|FAIL|rror"
+      timeout 60 $S --step $step $args 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
     done
   done
   for block in 16 64 256; do
     echo "== 14d paged $block"
-    timeout 60 $S --block-size $block --lens 5000,17,0,300 --q-len 4 --append 2>&1 | grep -E "launch|PASS|FAIL|rror"
+    timeout 60 $S --block-size $block --lens 5000,17,1,300 --q-len 1 --append 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
+    timeout 60 $S --block-size $block --lens 5000,17,0,300 --q-len 4 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
   done
 } >"$OUT/check.log" 2>&1
-if grep -q -E "FAIL|rror" "$OUT/check.log"; then note "cli check: FAIL (see check.log)"; else note "cli check: PASS ($(grep -c "result PASS" "$OUT/check.log") runs)"; fi
+if grep -q -E "FAIL|rror|^14_decode" "$OUT/check.log"; then note "cli check: FAIL (see check.log)"; else note "cli check: PASS ($(grep -c "result PASS" "$OUT/check.log") runs)"; fi
 fi  # part 1
 
 # --- compute-sanitizer: memcheck over the small GPU tests; racecheck, synccheck, initcheck on
