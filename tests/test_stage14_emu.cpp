@@ -25,7 +25,9 @@ namespace {
 namespace s14 = fa::stage14;
 using T = __nv_bfloat16;
 
-// Runs `k` over `grid`, one block after another, each block k.threads std::threads.
+// Runs `k` over `grid`, one block after another, on k.threads std::threads (one per CUDA
+// thread, reused from block to block, meeting at a barrier between blocks: the kernel's
+// __shared__ memory is one static, so a block must be done before the next starts).
 template <class... Args>
 void run_grid(const fa::StepKernel& k, dim3 grid, Args... args) {
   auto fn = reinterpret_cast<void (*)(Args...)>(const_cast<void*>(k.fn));
@@ -36,18 +38,19 @@ void run_grid(const fa::StepKernel& k, dim3 grid, Args... args) {
     emu::warp_barriers[w] = warps.back().get();
   }
   emu::block_barrier = &block;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        std::vector<std::thread> threads;
-        for (int t = 0; t < k.threads; ++t)
-          threads.emplace_back([&, t] {
-            emu::thread_idx = {unsigned(t), 0, 0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k.threads; ++t)
+    threads.emplace_back([&, t] {
+      emu::thread_idx = {unsigned(t), 0, 0};
+      for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+          for (unsigned x = 0; x < grid.x; ++x) {
             emu::block_idx = {x, y, z};
             fn(args...);
-          });
-        for (auto& th : threads) th.join();
-      }
+            block.arrive_and_wait();
+          }
+    });
+  for (auto& th : threads) th.join();
 }
 
 std::vector<T> to_bf16(const std::vector<float>& x) {
@@ -151,9 +154,10 @@ TEST_CASE("packed rows past one tile (GQA 8 x q_len 4 = 32 rows), d = 128, non-c
   check(p, s14::Step::Paged, 2, 4);
 }
 
-TEST_CASE("14d on a paged cache: blocks of 16 and 64, shuffled tables; splits 1 to more than tiles") {
+TEST_CASE("14d on a paged cache: blocks of 16, 64, 256, shuffled tables; splits 1 to more than tiles") {
   for (int block : {16, 64})
     for (int splits : {1, 2, 9}) check(problem({100, 0, 17}, 4, 2, 2, 64, block), s14::Step::Paged, splits, 5);
+  check(problem({1000, 257}, 8, 2, 1, 128, 256), s14::Step::Paged, 0, 6);  // the split rule's count
 }
 
 TEST_CASE("the append kernel writes the new tokens, contiguous and paged") {
