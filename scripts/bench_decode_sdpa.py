@@ -12,7 +12,7 @@ bottom-right causal mask (the new tokens are the cache's last positions). Time: 
 around a CUDA graph of 10 calls (a decode takes microseconds, as long as the host takes to
 launch it), median of 10 graph launches. Metric: bytes of K and V read (8 KV heads) per second.
 
-Columns: device,backend,batch,heads,kv_heads,head_dim,q_len,cache,ms,kv_gbs,note
+Columns: device,commit,date,backend,batch,heads,kv_heads,head_dim,q_len,cache,ms,kv_gbs,note
 """
 import argparse
 import csv
@@ -65,12 +65,14 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--caches", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     ap.add_argument("--q-lens", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--date", default="")
     args = ap.parse_args()
     heads, kv_heads, d = 32, 8, 128
     device = torch.cuda.get_device_name()
     with open(args.out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["device", "backend", "batch", "heads", "kv_heads", "head_dim", "q_len", "cache", "ms", "kv_gbs",
+        w.writerow(["device", "commit", "date", "backend", "batch", "heads", "kv_heads", "head_dim", "q_len", "cache", "ms", "kv_gbs",
                     "note"])
         for batch in args.batches:
             for cache in args.caches:
@@ -103,7 +105,7 @@ def main():
                                 continue
                         gbs = kv_bytes / (ms * 1e6)
                         print(f"{name:9s} batch={batch} cache={cache} q_len={q_len}: {ms:.4f} ms {gbs:.0f} GB/s {note}")
-                        w.writerow([device, name, batch, heads, kv_heads, d, q_len, cache, f"{ms:.5f}", f"{gbs:.1f}", note])
+                        w.writerow([device, args.commit, args.date, name, batch, heads, kv_heads, d, q_len, cache, f"{ms:.5f}", f"{gbs:.1f}", note])
                         f.flush()
                 del k, v
                 torch.cuda.empty_cache()

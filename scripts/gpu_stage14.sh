@@ -7,8 +7,8 @@
 #
 #   bash scripts/gpu_stage14.sh [--part 1|2|3] [OUT]      OUT (default $OUT, else ./gpu_out) receives:
 #     build.log, tests.log, sanitizer.log, check.log, bench.log
-#     stage14_bench.csv   device,step,dtype,batch,heads,kv_heads,head_dim,q_len,cache,block_size,
-#                         splits,ms,kv_gbs,copy_gbs,pct_of_copy        (one row per step and shape)
+#     stage14_bench.csv   device,commit,date,step,dtype,batch,heads,kv_heads,head_dim,q_len,cache,
+#                         block_size,splits,ms,kv_gbs,copy_gbs,pct_of_copy   (one row per step and shape)
 #     stage14_sdpa.csv    the same shapes through F.scaled_dot_product_attention, per backend
 #     summary.txt         one line per part: PASS / FAIL / SKIPPED
 #   --part: 1 build, tests, CLI check (~3 min); 2 compute-sanitizer (~3 min); 3 the sweep
@@ -31,7 +31,9 @@ run_part() { [[ $PART == all || $PART == "$1" ]]; }
 note() { echo "$1" | tee -a "$SUMMARY"; }
 
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ',' ' ')
-note "device: ${DEVICE:-unknown}; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(date -u +%FT%TZ)"
+COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+DATE=$(date -u +%FT%T+00:00)
+note "device: ${DEVICE:-unknown}; commit $COMMIT; $DATE"
 
 # --- build: only stage 14's targets (Release, sm_90)
 gpu_configure . $BUILD -DFA_BUILD_TORCH=OFF >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; note "build: FAIL (configure)"; exit 1; }
@@ -106,7 +108,7 @@ fi
 # --- the benchmark sweep of issue 33: bf16, d = 128, 32 query heads over 8 KV heads
 if run_part 3 && [[ ${FA14_BENCH:-1} == 1 ]]; then
   CSV="$OUT/stage14_bench.csv"
-  echo "device,step,dtype,batch,heads,kv_heads,head_dim,q_len,cache,block_size,splits,ms,kv_gbs,copy_gbs,pct_of_copy" >"$CSV"
+  echo "device,commit,date,step,dtype,batch,heads,kv_heads,head_dim,q_len,cache,block_size,splits,ms,kv_gbs,copy_gbs,pct_of_copy" >"$CSV"
   ROWS=$(mktemp)
   batches="1 8 64" caches="1024 8192 32768 131072"
   [[ ${FA14_QUICK:-0} == 1 ]] && batches="1 8" caches="1024 32768"
@@ -128,11 +130,12 @@ if run_part 3 && [[ ${FA14_BENCH:-1} == 1 ]]; then
       done
     done
   } >"$OUT/bench.log" 2>&1
-  awk -v d="$DEVICE" '{print d "," $0}' "$ROWS" >>"$CSV"
+  awk -v d="$DEVICE" -v c="$COMMIT" -v t="$DATE" '{print d "," c "," t "," $0}' "$ROWS" >>"$CSV"
   rm -f "$ROWS"
   note "bench: $(($(wc -l <"$CSV") - 1)) rows in stage14_bench.csv"
   if [[ ${FA14_SDPA:-1} == 1 ]] && python3 -c "import torch" 2>/dev/null; then
     timeout 300 python3 scripts/bench_decode_sdpa.py --out "$OUT/stage14_sdpa.csv" --batches $batches --caches $caches \
+      --commit "$COMMIT" --date "$DATE" \
       >>"$OUT/bench.log" 2>&1 && note "sdpa: $(($(wc -l <"$OUT/stage14_sdpa.csv") - 1)) rows in stage14_sdpa.csv" \
       || note "sdpa: FAIL (see bench.log)"
   else
