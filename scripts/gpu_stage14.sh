@@ -16,7 +16,8 @@
 #   minutes, run the parts one by one; each part builds what is missing, so 2 and 3 reuse 1's
 #   build on the same machine).
 #   env: FA14_SANITIZE=0 skips compute-sanitizer, FA14_BENCH=0 the sweep, FA14_SDPA=0 the SDPA
-#        side; FA14_QUICK=1 sweeps batch 1 and 8 at caches 1k and 32k only.
+#        side; FA14_QUICK=1 sweeps batch 1 and 8 at caches 1k and 32k only; FA14_JOBS build
+#        jobs (default 16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=all
@@ -37,7 +38,7 @@ note "device: ${DEVICE:-unknown}; commit $COMMIT; $DATE"
 
 # --- build: only stage 14's targets (Release, sm_90)
 gpu_configure . $BUILD -DFA_BUILD_TORCH=OFF >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; note "build: FAIL (configure)"; exit 1; }
-if ! cmake --build $BUILD -j 16 --target stage14 test_stage14_cpu test_stage14_emu test_stage14_gpu >>"$OUT/build.log" 2>&1; then
+if ! cmake --build $BUILD -j "${FA14_JOBS:-16}" --target stage14 test_stage14_cpu test_stage14_emu test_stage14_gpu >>"$OUT/build.log" 2>&1; then
   grep -E "error" -A3 "$OUT/build.log" | head -60
   note "build: FAIL"
   exit 1
