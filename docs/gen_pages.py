@@ -38,7 +38,9 @@ SOURCE_EXTS = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 # The title line of a stage's notes, in the plain-Markdown form (docs/notes.py) or, for notes
 # not yet converted, Doxygen's.
 TITLE_RE = re.compile(r"^#\s+(Stage\s+(\d\d)\s*:\s*.*?)\s*(?:\{#(stage_\d\d)\}|<a\s+id=\"(stage_\d\d)\"\s*>\s*</a>)\s*$")
-IDEA_RE = re.compile(r"\.idea\s*=\s*((?:\"(?:[^\"\\]|\\.)*\"\s*)+);", re.S)
+# A stage's one-line idea: its register.cpp's `.idea = "…";`, or, for a stage outside the
+# stage list (14: its own program), `kIdea = "…";` in its entry-point header.
+IDEA_RE = re.compile(r"(?:\.idea|\bkIdea)\s*=\s*((?:\"(?:[^\"\\]|\\.)*\"\s*)+);", re.S)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -79,11 +81,12 @@ def find_stages(repo: Path):
             continue
         s = Stage(folder)
         reg = folder / "register.cpp"
-        if reg.exists():
-            m = IDEA_RE.search(reg.read_text(encoding="utf-8", errors="replace"))
+        for f in [reg] if reg.exists() else [p for p in s.sources if p.suffix == ".h"]:
+            m = IDEA_RE.search(f.read_text(encoding="utf-8", errors="replace"))
             if m:
                 parts = re.findall(r"\"((?:[^\"\\]|\\.)*)\"", m.group(1))
                 s.idea = "".join(parts).replace('\\"', '"')
+                break
         stages.append(s)
     return stages
 

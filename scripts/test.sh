@@ -34,7 +34,8 @@ fi
 if [ -n "$stage" ] || ((quick == 1)); then
   if [ -n "$stage" ]; then
     targets=("stage${stage}_all")
-    select=(-R "^stage${stage}(_forward)?\$")
+    # stageNN, and the stage's other programs: stage06_forward, stage12_cpu, stage14_gpu, …
+    select=(-R "^stage${stage}(_[a-z_]+)?\$")
   else
     # The harness and every CPU stage's test programs.
     targets=(test_harness $(ninja -C "$build" -t targets all | sed -n 's/^\(stage[0-9][0-9]_all\): .*/\1/p'))

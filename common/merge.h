@@ -1,6 +1,7 @@
 /// \file merge.h
-/// \brief Stage 12: the merge of two partial attention results of the same rows, written
-/// once for the CPU ring (ring_cpu.cpp) and the GPU ring's merge kernel (ring_gpu.cu).
+/// \brief The merge of two partial attention results of the same rows, written once for
+/// stage 12's rings (ring_cpu.cpp, ring_gpu.cu) and stage 14's split-KV decoding (its CPU
+/// step and its combine kernel). Stage 12 introduced it, so it keeps stage 12's namespace.
 ///
 /// A partial result of a query row over a set of keys A is its normalised output O_A and its
 /// log-sum-exp L_A = log Σ_{j∈A} e^{s_j}. Over two disjoint sets A and B:
@@ -48,5 +49,37 @@ FA_HOST_DEVICE inline MergeWeights merge_weights(float L_acc, float L_part) {
   return acc_bigger ? MergeWeights{L, w_big, w_small} : MergeWeights{L, w_small, w_big};
 }
 //! [merge]
+
+//! [merge many]
+/// Many partial results of the same row merged one after another: stage 05's online update,
+/// with each partial as one "key" whose score is its L_s and whose value is its O_s. The
+/// caller keeps O_acc = Σ_s e^{L_s − L_max}·O_s (unnormalised); `sum` = Σ_s e^{L_s − L_max}.
+/// At the end O = O_acc / sum and L = L_max + log(sum), L rounded once. (A fold of pairwise
+/// merges, merge_weights above, rounds L at every step: after a thousand splits of one row
+/// its error has grown about thirty-fold.) The weights are e^{L_s − L_max} of exact inputs.
+struct MergeMany {
+  float L_max = -INFINITY;  ///< the largest L so far (the "row max" of the partials)
+  float sum = 0.0f;         ///< Σ e^{L_s − L_max}
+
+  /// The factors for adding a partial with log-sum-exp `L_s`:
+  /// O_acc ← rescale·O_acc + weight·O_s.
+  struct Factors {
+    float rescale, weight;
+  };
+  FA_HOST_DEVICE Factors add(float L_s) {
+    const float max_new = (L_s > L_max || L_s != L_s) ? L_s : L_max;  // L_s != L_s: NaN reaches the row
+    // While every partial so far saw no key, L_max = −inf: subtract 0 (as stage 05 does).
+    const float shift = max_new == -INFINITY ? 0.0f : max_new;
+    const Factors f{expf(L_max - shift), expf(L_s - shift)};
+    sum = f.rescale * sum + f.weight;
+    L_max = max_new;
+    return f;
+  }
+  /// The merged L: −inf when no partial saw a key.
+  FA_HOST_DEVICE float L() const { return sum == 0.0f ? -INFINITY : L_max + logf(sum); }
+  /// The factor that normalises O_acc: 1/sum, 0 when no partial saw a key (O = 0).
+  FA_HOST_DEVICE float normaliser() const { return sum == 0.0f ? 0.0f : 1.0f / sum; }
+};
+//! [merge many]
 
 }  // namespace fa::stage12
