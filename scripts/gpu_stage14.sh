@@ -32,7 +32,7 @@ run_part() { [[ $PART == all || $PART == "$1" ]]; }
 note() { echo "$1" | tee -a "$SUMMARY"; }
 
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ',' ' ')
-COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+COMMIT=${FA_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 DATE=$(date -u +%FT%T+00:00)
 note "device: ${DEVICE:-unknown}; commit $COMMIT; $DATE"
 
