@@ -8,17 +8,16 @@
 #   scripts/gpu_check.sh --join OUT1 OUT2 …   one summary of the parts' summary.txt
 #
 # The whole check does not fit one device call of ten minutes, so it runs in four parts, one
-# call each (each builds, about 45–65 s on 16 cores); times on one H100 (the records:
-# docs/results/h100_gpu_check_2026-11-26_session9.txt, and for parts 3 and 4 as split since
-# docs/results/h100_gpu_check_2026-11-26_session10.txt):
-#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep       252 s
+# call each (each builds: about 60 s on 16 cores from nothing, 10–20 s after another part on
+# the same machine). Times on one H200, session 10 (docs/results/h200_gpu_check_2026-11-26_
+# session10.txt; the H100 record of three parts: h100_gpu_check_2026-11-26_session9.txt):
+#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep       194 s
 #   --part 2   compute-sanitizer over the programs of stages 07, 08, 09 and
-#              test_gpu_bad_input                                                    200 s
-#   --part 3   compute-sanitizer over the programs of stages 10 and 11
-#   --part 4   compute-sanitizer over stage 12's ring on one GPU (test_stage12_gpu)
-# (parts 2–4 on a machine that had just run part 1: their build took 8 s, not 65). Stage 10's
-# sixth step (10f) made the former part 3 (10, 11 and 12 together) run out of its budget: stage
-# 12's racecheck and initcheck jobs timed out at 224 s, so the ring has a part of its own.
+#              test_gpu_bad_input                                                    197 s
+#   --part 3   compute-sanitizer over the programs of stages 10 and 11               141 s
+#   --part 4   compute-sanitizer over stage 12's ring on one GPU (test_stage12_gpu)  254 s
+# Stage 12's ring has a part of its own since stage 10's sixth step (10f): together with 10
+# and 11, its racecheck and initcheck jobs ran out of their time (224 s).
 # No --part runs everything in one go (within FA_BUDGET_S: on one H100 the sanitizers then
 # run out of time).
 #
