@@ -42,10 +42,10 @@ double tol_of(Output out, const Reference& exact, const std::vector<Reference>& 
 }
 }  // namespace
 
-CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t) {
+CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t, bool merges) {
   const Reference exact = reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
   std::vector<Reference> bases;
-  for (RefMode mode : baseline_modes(dtype))
+  for (RefMode mode : baseline_modes(dtype, merges))
     bases.push_back(reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), mode));
   CheckReport r;
   r.items.push_back(compare("O", t.O.data(), exact.O, q_shape(p), tol_of(&Reference::O, exact, bases, dtype)));
@@ -55,11 +55,11 @@ CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t) {
   return r;
 }
 
-CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t) {
+CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, bool merges) {
   const Reference exact =
       reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
   std::vector<Reference> bases;
-  for (RefMode mode : baseline_modes(dtype))
+  for (RefMode mode : baseline_modes(dtype, merges))
     bases.push_back(reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode));
   CheckReport r;
   r.items.push_back(compare("dQ", t.dQ.data(), exact.dQ, q_shape(p), tol_of(&Reference::dQ, exact, bases, dtype)));
@@ -71,7 +71,7 @@ CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t) {
 CheckReport check_forward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
   t.poison_outputs();
   stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
-  return compare_forward(p, dtype, t);
+  return compare_forward(p, dtype, t, stage.merges_partials);
 }
 
 CheckReport check_backward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
@@ -81,8 +81,8 @@ CheckReport check_backward(const StageInfo& stage, const Problem& p, Dtype dtype
   stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
   stage.backward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(),
                  t.dO.data(), t.dQ.data(), t.dK.data(), t.dV.data());
-  CheckReport r = compare_forward(p, dtype, t);
-  for (auto& c : compare_backward(p, dtype, t).items) r.items.push_back(c);
+  CheckReport r = compare_forward(p, dtype, t, stage.merges_partials);
+  for (auto& c : compare_backward(p, dtype, t, stage.merges_partials).items) r.items.push_back(c);
   return r;
 }
 

@@ -22,11 +22,12 @@ struct CheckReport {
 };
 
 /// Compares t.O and t.L (already computed) with the exact reference, using the tolerance
-/// of `dtype` (compare.h). Only the first `p.batch` batches of `t` are looked at.
-CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t);
+/// of `dtype` (compare.h). Only the first `p.batch` batches of `t` are looked at. `merges`:
+/// the stage merges partial results (StageInfo::merges_partials), which adds a baseline.
+CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t, bool merges = false);
 
 /// Compares t.dQ, t.dK, t.dV (already computed from t.dO) with the exact reference.
-CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t);
+CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, bool merges = false);
 
 /// Poisons t's outputs, runs `stage`'s forward on t's inputs, and compares.
 CheckReport check_forward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t);

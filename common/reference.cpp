@@ -24,7 +24,8 @@ RefMode baseline_mode(Dtype t) {
   return RefMode::F32;
 }
 
-std::vector<RefMode> baseline_modes(Dtype t) {
+std::vector<RefMode> baseline_modes(Dtype t, bool merges) {
+  if (t == Dtype::F32 && merges) return {RefMode::F32, RefMode::F32InOrder, RefMode::F32Merged};
   if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
   return {baseline_mode(t)};
 }
@@ -85,7 +86,7 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
               RefMode mode, bool want_P) {
   p.validate("reference");
   const bool backward = dO != nullptr;
-  const bool in_order = mode == RefMode::F32InOrder;
+  const bool in_order = mode == RefMode::F32InOrder, merged = mode == RefMode::F32Merged;
   const int64_t d = p.head_dim, Nq = p.seq_q, Nk = p.seq_k;
   const Scalar scale = Scalar(p.softmax_scale());
   const Scalar inf = std::numeric_limits<Scalar>::infinity();
@@ -132,6 +133,8 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
               scale * (in_order ? times_in_order(Qr, KhT, all_d) : Mat<Scalar>(Qr * Kh.transpose()));
           Mat<Scalar> Pm(rows, Nk);                       // P of this row block
           Eigen::Matrix<Scalar, Eigen::Dynamic, 1> row_max(rows), row_sum(rows);
+          std::vector<Scalar> merged_L(static_cast<size_t>(rows), Scalar(0));  // F32Merged: L as merged
+          std::vector<bool> was_merged(static_cast<size_t>(rows), false);
           // Keys each row takes part with: the keys it sees, or none when every logit it
           // sees is −inf (such a row is a row that sees no key: O = 0, L = −inf).
           std::vector<int64_t> n_used(static_cast<size_t>(rows));
@@ -154,14 +157,32 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             row_sum(i) = sum;
             if (n == 0) continue;  // empty row: P = 0, O = 0, L = −inf
             Pm.row(i).head(n) /= sum;  // (a NaN sum must not reach the masked zeros)
+            if (merged && n >= 2 && std::isfinite(mx)) {
+              // Keys [0, h) and [h, n) as two partial results (m, l, L), merged in fp32:
+              // L = top + log(e^{L1 − top} + e^{L2 − top}), P_j = e^{L_k − L} · e^{S_j − m_k} / l_k.
+              const int64_t h = n / 2;
+              Scalar m1 = -inf, m2 = -inf, l1 = 0, l2 = 0;
+              for (int64_t j = 0; j < h; ++j) m1 = std::max(m1, S(i, j));
+              for (int64_t j = h; j < n; ++j) m2 = std::max(m2, S(i, j));
+              for (int64_t j = 0; j < h; ++j) l1 += std::exp(S(i, j) - m1);
+              for (int64_t j = h; j < n; ++j) l2 += std::exp(S(i, j) - m2);
+              const Scalar L1 = m1 + std::log(l1), L2 = m2 + std::log(l2), top = std::max(L1, L2);
+              const Scalar L = top + std::log(std::exp(L1 - top) + std::exp(L2 - top));
+              const Scalar w1 = std::exp(L1 - L) / l1, w2 = std::exp(L2 - L) / l2;
+              for (int64_t j = 0; j < h; ++j) Pm(i, j) = w1 * std::exp(S(i, j) - m1);
+              for (int64_t j = h; j < n; ++j) Pm(i, j) = w2 * std::exp(S(i, j) - m2);
+              merged_L[size_t(i)] = L;
+              was_merged[size_t(i)] = true;
+            }
           }
           const int64_t lo = p.l_offset(b, h, r0);
           for (int64_t i = 0; i < rows; ++i) {
             const bool empty = n_used[size_t(i)] == 0;
             r.m[size_t(lo + i)] = empty ? -INFINITY : double(row_max(i));
             r.l[size_t(lo + i)] = empty ? 0.0 : double(row_sum(i));
-            r.L[size_t(lo + i)] =
-                empty ? -INFINITY : double(row_max(i)) + std::log(double(row_sum(i)));
+            r.L[size_t(lo + i)] = empty                     ? -INFINITY
+                                  : was_merged[size_t(i)] ? double(merged_L[size_t(i)])
+                                                          : double(row_max(i)) + std::log(double(row_sum(i)));
           }
           if (want_P) store(r.P, ((int64_t(b) * p.heads + h) * Nq + r0) * Nk, Pm);
 
@@ -248,13 +269,15 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
 
 Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
                             RefMode mode, bool want_P) {
-  if (mode == RefMode::F32 || mode == RefMode::F32InOrder) return run<float>(p, Q, K, V, nullptr, mode, want_P);
+  if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
+    return run<float>(p, Q, K, V, nullptr, mode, want_P);
   return run<double>(p, Q, K, V, nullptr, mode, want_P);
 }
 
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
                              const float* dO, RefMode mode) {
-  if (mode == RefMode::F32 || mode == RefMode::F32InOrder) return run<float>(p, Q, K, V, dO, mode, false);
+  if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
+    return run<float>(p, Q, K, V, dO, mode, false);
   return run<double>(p, Q, K, V, dO, mode, false);
 }
 

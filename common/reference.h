@@ -24,7 +24,12 @@ namespace fa {
 ///  - F16 / BF16: double arithmetic on inputs rounded to the type, with P (and dS, and O
 ///    before D) rounded to the type before they enter a matrix product, as a tensor-core
 ///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
-enum class RefMode { Exact, F32, F32InOrder, F16, BF16 };
+///  - F32Merged: F32, with each row's keys split in two halves whose partial results (O, L)
+///    are merged by the log-sum-exp rule in fp32, as a ring of ranks (stage 12) or split-KV
+///    decoding (stage 14) merges them. The merged L is then off by up to about one ulp of L
+///    (the other modes round the exact L: half an ulp), and a backward recomputes every P of
+///    the row from it: at logits in the hundreds that is most of such a stage's error.
+enum class RefMode { Exact, F32, F32InOrder, F32Merged, F16, BF16 };
 
 /// Reference outputs, in double. Tensors have the layouts of docs/design.md §3.
 struct Reference {
@@ -50,8 +55,9 @@ Reference reference_backward(const Problem& p, const float* Q, const float* K, c
 RefMode baseline_mode(Dtype t);
 
 /// Every reference mode whose error budget applies to a stage computing in `t`: F32 and
-/// F32InOrder for f32; F16 or BF16 alone for the 16-bit types (their inputs' rounding, not
-/// the order of fp32 sums, sets their budget).
-std::vector<RefMode> baseline_modes(Dtype t);
+/// F32InOrder for f32, and F32Merged too for a stage that merges partial results (`merges`);
+/// F16 or BF16 alone for the 16-bit types (their inputs' rounding, not the order of fp32
+/// sums, sets their budget).
+std::vector<RefMode> baseline_modes(Dtype t, bool merges = false);
 
 }  // namespace fa

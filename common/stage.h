@@ -52,6 +52,9 @@ struct StageInfo {
   std::vector<int> head_dims;             ///< supported head dims; empty means any
   /// Stage 01 only: exp() overflows on large logits, so it is expected to fail there.
   bool overflows_on_large_logits = false;
+  /// Its result merges partial (O, L) of key blocks by the log-sum-exp rule (stage 12's
+  /// rings): an fp32 check then also allows the error of the merging baseline (RefMode::F32Merged).
+  bool merges_partials = false;
 
   ForwardFn forward;                  ///< always set
   BackwardFn backward;                ///< empty when the stage has no backward

@@ -76,6 +76,7 @@ std::vector<std::pair<std::string, std::string>> work_rows(const Problem& p, int
 StageInfo info() {
   StageInfo s;
   s.name = "12_ring_attention";
+  s.merges_partials = true;
   s.idea = "ring attention: the sequence split across P ranks, K/V passed around a ring, partial (O, L) merged; "
            "zigzag split for causal balance";
   s.forward = [](const Problem& p, Dtype, const float* Q, const float* K, const float* V, float* O, float* L) {
@@ -113,6 +114,7 @@ GpuConfig gpu_config() {
 StageInfo gpu_info() {
   StageInfo s;
   s.name = "12_ring_attention_gpu";
+  s.merges_partials = true;
   s.idea = "ring attention on GPUs: stages 08 and 09 on each rank, K/V passed by device copies or NCCL";
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
