@@ -6,7 +6,9 @@
           include/stage_table.md  the stage map, one row per stages/NN_* folder (quoted
                                   into the main page and the stages page by \\includedoc)
           pages/stages.md         the page that holds every stage's notes as sub-pages
-          pages/results.md        the results page: summary, figures, GPU check, every CSV
+          pages/results.md        the results page: summary, figures, GPU check, a link to
+                                  every CSV and log (the docs target copies docs/results/
+                                  into the site as results/)
           images/*.svg            docs/results/figures/*.svg (scripts/plot_results.py draws
                                   them; a figure drawn from other data than the committed
                                   CSVs stops the build here)
@@ -32,7 +34,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-MAX_ROWS_SHOWN = 600  # rows of one CSV printed on the results page (the rest stay in the file)
 
 SOURCE_EXTS = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 # The title line of a stage's notes, in the plain-Markdown form (docs/notes.py) or, for notes
@@ -213,13 +214,9 @@ def folded(summary: str, body: list) -> list:
             + body + ["", "\\htmlonly", "</details>", "\\endhtmlonly", ""])
 
 
-def csv_table(rows, skip=()):
-    """A Markdown table of the columns that hold a value, without those in `skip`."""
-    cols = [c for c in rows[0].keys()
-            if c and c not in skip and any((r.get(c) or "") != "" for r in rows)]
-    out = ["| " + " | ".join(md_escape(c) for c in cols) + " |", "|" + "|".join(":--" for _ in cols) + "|"]
-    out += ["| " + " | ".join(md_escape(str(r.get(c) or "")) for c in cols) + " |" for r in rows]
-    return out
+def file_link(path: Path) -> str:
+    """A link to a file of docs/results/ as the site holds it (results/NAME)."""
+    return f'<a href="results/{html.escape(path.name)}">{html.escape(path.name)}</a>'
 
 
 def provenance(run) -> str:
@@ -236,7 +233,7 @@ def results_page(tables, repo: Path, rd) -> str:
     out = ["# Measured results {#results}", "",
            "Every number and figure on this page comes from the CSVs committed under "
            "`docs/results/`: the figures are drawn from them by `scripts/plot_results.py`, the "
-           "tables are the files themselves. Notebook 4 (`notebooks/04_performance.ipynb`) "
+           "files are linked at the end of the page. Notebook 4 (`notebooks/04_performance.ipynb`) "
            "draws the same figures.", "",
            "## Summary", "",
            "Where each GPU stage stands on the H200: per stage and pass, over every measured point "
@@ -291,7 +288,7 @@ def results_page(tables, repo: Path, rd) -> str:
                           ["\\verbatim", *lines[cut:], "\\endverbatim"])
     out += ["## The files", "",
             "Each file: what it measured, on what and when (from its `device`, `commit` and "
-            "`date` columns, where it has them), then its rows, folded.", ""]
+            "`date` columns, where it has them), and a link to the file itself.", ""]
     runs = rd.runs(results)
     if not tables:
         out += ["No CSV under `docs/results/` yet.", ""]
@@ -304,14 +301,13 @@ def results_page(tables, repo: Path, rd) -> str:
             out += [re.sub(r"^(#+)", r"###\1", line) for line in text.splitlines()] + [""]
         if path.name in runs:
             out += [provenance(runs[path.name]), ""]
-        if not rows:
-            out += ["(empty)", ""]
-            continue
-        constant = [c for c in ("device", "commit", "date") if len({r.get(c) for r in rows}) == 1]
-        # A per-step log (thousands of rows) would make the page heavy: its first rows only.
-        shown = rows[:MAX_ROWS_SHOWN]
-        more = ["", f"(the first {len(shown)} of {len(rows)} rows; the rest are in the file)"] if len(shown) < len(rows) else []
-        out += folded(f"{path.name}: {len(rows)} rows", csv_table(shown, skip=constant) + more)
+        columns = len(rows[0]) if rows else 0
+        out += [f"The file: {file_link(path)} ({len(rows)} rows of {columns} columns).", ""]
+    logs = sorted(p for p in results.glob("*") if p.suffix == ".txt" or p.name.endswith("_log.md"))
+    if logs:
+        out += ["## Logs", "",
+                "The GPU checks' output and the stages' measurement logs, as they were written:", ""]
+        out += [f"- {file_link(p)}" for p in logs] + [""]
     return "\n".join(out)
 
 

@@ -18,7 +18,8 @@ By parsing the HTML (Python standard library only):
     and to an anchor that exists there (a link with a scheme other than http(s), mailto or
     javascript, such as Doxygen's autolink of `file:line`, fails);
   - no rendering fault shows in their text: a literal ** (Markdown emphasis Doxygen left),
-    an HTML tag shown as text (`<tt>` in a heading), a formula delimiter left over.
+    an HTML tag shown as text (`<tt>` in a heading), a code span left in its backticks (the
+    text of a link [`x`](page.md)), a formula delimiter left over.
 With headless Chromium (when installed, or --chromium yes): one stage page and one concept
 page are rendered, and their formulas must come out as typeset MathJax without errors; the
 results page's figures are measured as shown (loaded, text at least 8 px high) and in a
@@ -240,7 +241,8 @@ class Checker:
 
     def check_text(self, page_file: Path):
         """Rendering faults a reader would see: Markdown emphasis left as literal ** (Doxygen
-        1.9 does so next to a formula), an HTML tag shown as text (`<tt>` in a heading),
+        1.9 does so next to a formula), an HTML tag shown as text (`<tt>` in a heading), a
+        code span left in backticks (Doxygen keeps them in a link's text: [`x`](page.md)),
         formula delimiters MathJax will not read."""
         v = Visible()
         v.feed(page_file.read_text(encoding="utf-8", errors="replace"))
@@ -252,6 +254,11 @@ class Checker:
         for m in LITERAL_TAG_RE.finditer(text):
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
             self.fail(f"{page_file.name}: an HTML tag shown as text, {m.group(0)}: '{around}'")
+            break
+        for m in re.finditer(r"`[^`\n]+`", text):
+            around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
+            self.fail(f"{page_file.name}: a literal `code span` in the text (backticks Doxygen left, "
+                      f"as around a link's text): '{around}'")
             break
         for m in re.finditer(r"\\f[$\[\]]|(?<![\\$])\$\$?(?=[A-Za-z\\{])", text):
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())

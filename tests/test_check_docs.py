@@ -23,6 +23,8 @@ FAULTS = [
     ("literal **", "stage_01.html", "<p>a <b>bold</b> word and a **bold** one</p>", "a literal **"),
     ("tag shown as text", "stage_01.html", "<h2>Variants (&lt;tt&gt;--variant&lt;/tt&gt;)</h2>",
      "an HTML tag shown as text, <tt>"),
+    ("link text in backticks", "stage_04.html", '<p>see <a href="stage_01.html">`naive.cpp`</a></p>',
+     "a literal `code span` in the text"),
     ("link to a missing page", "concept_io.html", '<p><a href="no_such_page.html">x</a></p>',
      "link to no_such_page.html, which is not in the site"),
     ("link to a missing anchor", "stage_02.html", '<p><a href="stage_01.html#no_such_anchor">x</a></p>',
