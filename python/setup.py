@@ -5,7 +5,8 @@ project's CMake, against the torch that is installed, and puts them into the pac
 
 libfa_c.so (the C ABI over every stage) is always built; libfa_torch.so (the native PyTorch op,
 python/csrc) when python3 can import torch. The build folder is build-python/ at the
-repository's root, so a second install rebuilds only what changed. FA_CMAKE_ARGS adds CMake
+repository's root, so a second install rebuilds only what changed. The package is built for
+any x86-64 machine (-DFA_PORTABLE=ON), not this one's instruction set. FA_CMAKE_ARGS adds CMake
 arguments (e.g. "-DFA_ENABLE_CUDA=OFF" for the CPU stages only, or
 "-DCMAKE_CUDA_ARCHITECTURES=90"). An editable install (`pip install -e ./python`) builds
 nothing: it uses the repository's build/ or build-gpu/ (fa_attention.library_candidates()).
@@ -30,7 +31,7 @@ class BuildWithCMake(build_py):
         build = ROOT / "build-python"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-                        "-DFA_BUILD_DOCS=OFF", *shlex.split(os.environ.get("FA_CMAKE_ARGS", ""))], check=True)
+                        "-DFA_BUILD_DOCS=OFF", "-DFA_PORTABLE=ON", *shlex.split(os.environ.get("FA_CMAKE_ARGS", ""))], check=True)
         have_torch = subprocess.run(["cmake", "--build", str(build), "--target", "help"], capture_output=True,
                                     text=True, check=True).stdout.find("fa_torch") >= 0
         targets = ["fa_c"] + (["fa_torch"] if have_torch else [])
