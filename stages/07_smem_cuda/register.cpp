@@ -23,7 +23,7 @@ void require_runnable(const Problem& p, Dtype t) {
 const OptionTable& options() {
   static const OptionTable table{
       kStage,
-      {Option::choice("step", step_names(),
+      {Option::choice("step", {"auto", "07a", "07b", "07c"},
                       "which step of the stage runs: auto (the final design, 07c), 07a (tiles loaded through "
                       "registers, then computed), 07b (the next tiles copied with cp.async during this tile's "
                       "math), 07c (two barriers per key tile)"),
@@ -38,6 +38,8 @@ const OptionTable& options() {
 }
 
 }  // namespace
+
+const std::vector<std::string>& step_names() { return options().value_names("step"); }
 
 Options current_options() {
   const OptionTable& t = options();
@@ -57,7 +59,7 @@ StageInfo info() {
   s.idea = "the tiled forward as a CUDA kernel: fp32, tiles in shared memory, S and O in registers";
   s.is_gpu = true;
   s.dtypes = {Dtype::F32};
-  s.head_dims = supported_head_dims();
+  s.head_dims = kHeadDims;
 
   s.forward_device = [](const Problem& p, Dtype t, const void* Q, const void* K, const void* V,
                         void* O, float* L, void* stream) {

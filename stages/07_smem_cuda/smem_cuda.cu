@@ -164,14 +164,8 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 // ---------------------------------------------------------------------------------------
 
 int padded_head_dim(int d) {
-  for (int s : supported_head_dims())
-    if (s == d) return (d + 31) / 32 * 32;
-  std::ostringstream msg;
-  msg << kStage << ": head_dim = " << d << " is not supported (supported: ";
-  for (size_t n = 0; n < supported_head_dims().size(); ++n)
-    msg << (n ? ", " : "") << supported_head_dims()[n];
-  msg << ")";
-  throw std::invalid_argument(msg.str());
+  require_head_dim(kStage, d, kHeadDims);
+  return (d + 31) / 32 * 32;
 }
 
 // The layout of sQ, sK, sP at padded head dim D. Auto: swizzled at D = 128 (the 64-key tile
@@ -217,11 +211,6 @@ StepKernel step_07c(int D, int B_c, bool swizzled) {
     using C = decltype(cfg);
     return config_step_kernel<C>(flash_forward_kernel<C>, 2, true);
   });
-}
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "07a", "07b", "07c"};
-  return names;
 }
 
 const std::vector<std::string>& smem_layout_names() {

@@ -24,11 +24,6 @@ void check_pointer(const char* name, const void* ptr, size_t alignment) {
 
 }  // namespace
 
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "08a", "08b"};
-  return names;
-}
-
 const std::vector<std::pair<int64_t, std::string>>& ablation_values() {
   static const std::vector<std::pair<int64_t, std::string>> values{
       {0, "none"}, {2, "no_swizzle"}, {3, "padded"}, {4, "no_causal_split"}};
@@ -53,13 +48,8 @@ const std::vector<std::pair<int64_t, std::string>>& tile_d128_values() {
   return values;
 }
 
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{32, 64, 96, 128, 256};
-  return dims;
-}
-
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   require_grid_rows(kStageName, p);
 }
 

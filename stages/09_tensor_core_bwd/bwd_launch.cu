@@ -62,7 +62,7 @@ int64_t dq_blocks(const Problem& p, int block_m) {
 
 /// Every refusal of a problem happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   const int64_t blocks = std::max(dkdv_blocks(p, 64), dq_blocks(p, 64));  // the smallest tiles give the most blocks
   if (blocks > INT_MAX)
     throw std::invalid_argument(std::string(kStageName) + ": the problem needs " + std::to_string(blocks) +
@@ -119,16 +119,6 @@ void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaS
 }
 
 }  // namespace
-
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{64, 128};
-  return dims;
-}
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "09a", "09b", "09c"};
-  return names;
-}
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
               const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream) {

@@ -28,7 +28,7 @@ namespace fa::stage09 {
 ///        shared-memory reads per step (tensor_core_bwd.cu)
 /// dK and dV are bitwise reproducible in every step.
 enum class Step { Auto = 0, DqPass = 1, DqAtomics = 2, WarpGrid = 3 };
-const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c"
+const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c": the option's names
 
 /// What a backward call runs (register.cpp's option table; per calling thread).
 struct Options {
@@ -43,8 +43,9 @@ struct Options {
 Options current_options();
 void set_options(const Options& o);
 
-/// Head dims with a compiled kernel: 64, 128.
-const std::vector<int>& supported_head_dims();
+/// Head dims with a compiled kernel (StageInfo::head_dims; the forward, stage 08's, is
+/// restricted to them).
+inline const std::vector<int> kHeadDims{64, 128};
 
 /// dQ, dK, dV of O = softmax(scale·Q Kᵀ + mask) V for the loss whose gradient with respect
 /// to O is dO, on DEVICE buffers in `dtype` (BF16 or F16); L (fp32, natural log) is the

@@ -24,7 +24,7 @@ constexpr const char* kStageName = "10_hopper_fwd";
 
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   require_grid_rows(kStageName, p);  // steps 10a–10d: one grid row per head, one layer per batch
 }
 
@@ -80,16 +80,6 @@ int heads_per_section(const Problem& p) {
 }
 
 }  // namespace
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e", "10f"};
-  return names;
-}
-
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{64, 128, 256};
-  return dims;
-}
 
 void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O, float* L,
              cudaStream_t stream) {
