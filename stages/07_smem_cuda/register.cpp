@@ -10,19 +10,17 @@ namespace fa::stage07 {
 
 namespace {
 
-constexpr const char* kStage = "07_smem_cuda";
-
 // Refuses what the kernel cannot run before anything is allocated or copied.
 void require_runnable(const Problem& p, Dtype t) {
   if (t != Dtype::F32)
-    throw std::invalid_argument(std::string(kStage) + ": dtype " + dtype_name(t) +
+    throw std::invalid_argument(std::string(kStageName) + ": dtype " + dtype_name(t) +
                                 " is not supported (this stage computes in f32 only)");
   launch_shape(p);  // validates the problem and the head dim
 }
 
 const OptionTable& options() {
   static const OptionTable table{
-      kStage,
+      kStageName,
       {Option::choice("step", {"auto", "07a", "07b", "07c"},
                       "which step of the stage runs: auto (the final design, 07c), 07a (tiles loaded through "
                       "registers, then computed), 07b (the next tiles copied with cp.async during this tile's "
@@ -55,7 +53,7 @@ void set_options(const Options& o) {
 
 StageInfo info() {
   StageInfo s;
-  s.name = kStage;
+  s.name = kStageName;
   s.idea = "the tiled forward as a CUDA kernel: fp32, tiles in shared memory, S and O in registers";
   s.is_gpu = true;
   s.dtypes = {Dtype::F32};

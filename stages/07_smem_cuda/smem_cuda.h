@@ -16,6 +16,10 @@
 
 namespace fa::stage07 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "07_smem_cuda";
+
 /// The head dims this kernel is compiled for (StageInfo::head_dims). Each runs in a kernel
 /// instantiated for the next multiple of 32 (16 and 32 → 32, 40 and 64 → 64, 80 and 96 → 96,
 /// 128 → 128), the extra columns being zeros in shared memory.

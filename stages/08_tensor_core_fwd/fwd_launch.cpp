@@ -14,8 +14,6 @@ namespace fa::stage08 {
 
 namespace {
 
-constexpr const char* kStageName = "08_tensor_core_fwd";
-
 void check_pointer(const char* name, const void* ptr, size_t alignment) {
   require_device_pointer(kStageName, name, ptr, alignment,
                          alignment == 16 ? "tiles move in 16-byte cp.async copies and vector stores"

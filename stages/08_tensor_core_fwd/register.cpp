@@ -9,8 +9,6 @@ namespace fa::stage08 {
 
 namespace {
 
-constexpr const char* kStageName = "08_tensor_core_fwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,

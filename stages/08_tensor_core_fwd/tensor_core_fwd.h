@@ -15,6 +15,10 @@
 
 namespace fa::stage08 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "08_tensor_core_fwd";
+
 /// The steps of the stage, in reading order (option `step`); `Auto` runs the final design.
 ///   08a  one K/V buffer: tile j+1 is loaded once every warp is done with tile j
 ///        (08a_one_buffer.cu)

@@ -20,8 +20,6 @@ namespace fa::stage09 {
 
 namespace {
 
-constexpr const char* kStageName = "09_tensor_core_bwd";
-
 
 /// Rows per (batch, head) in the scratch arrays: seq_q rounded up to kQueryPad.
 int64_t padded_rows(const Problem& p) { return (int64_t(p.seq_q) + kQueryPad - 1) / kQueryPad * kQueryPad; }

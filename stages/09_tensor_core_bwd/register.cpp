@@ -15,8 +15,6 @@ namespace fa::stage09 {
 
 namespace {
 
-constexpr const char* kStageName = "09_tensor_core_bwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,

@@ -17,6 +17,10 @@
 
 namespace fa::stage09 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "09_tensor_core_bwd";
+
 /// The steps of the stage, in reading order (option `step`). Each is a complete backward
 /// (preprocess, dK/dV kernel, dQ); `Auto` runs 09b at d = 64 and 09c at d = 128, the faster
 /// of the two at each head dim.

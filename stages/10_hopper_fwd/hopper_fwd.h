@@ -15,6 +15,10 @@
 
 namespace fa::stage10 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "10_hopper_fwd";
+
 /// The steps of the stage, in reading order; `Auto` runs the final design (10f), or 10a at
 /// d = 64 with at most 1024 keys (launch.cpp says why).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization

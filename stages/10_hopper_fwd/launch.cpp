@@ -20,8 +20,6 @@ using hopper::make_tensor_map;
 
 namespace {
 
-constexpr const char* kStageName = "10_hopper_fwd";
-
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
   require_tensor_core_request(kStageName, p, dtype, kHeadDims);

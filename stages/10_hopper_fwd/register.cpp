@@ -9,8 +9,6 @@ namespace fa::stage10 {
 
 namespace {
 
-constexpr const char* kStageName = "10_hopper_fwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,

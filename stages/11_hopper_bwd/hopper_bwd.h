@@ -15,6 +15,10 @@
 
 namespace fa::stage11 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "11_hopper_bwd";
+
 /// The steps of the stage, in reading order; `Auto` runs the final design (11d).
 ///   11a  TMA loads on mbarriers + wgmma, one warpgroup, B_c = 64 keys per block
 ///   11b  warp specialization: a producer warp, two consumer warpgroups, B_c = 128

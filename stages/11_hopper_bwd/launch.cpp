@@ -21,7 +21,6 @@ namespace fa::stage11 {
 
 namespace {
 
-constexpr const char* kStageName = "11_hopper_bwd";
 using hopper::make_tensor_map;
 
 /// Every refusal of bad input happens here, before anything is launched or written.

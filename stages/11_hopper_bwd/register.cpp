@@ -14,8 +14,6 @@ namespace fa::stage11 {
 
 namespace {
 
-constexpr const char* kStageName = "11_hopper_bwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
