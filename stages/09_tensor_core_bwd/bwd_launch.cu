@@ -13,6 +13,7 @@
 #include "bwd_kernels.cuh"
 #include "bwd_steps.h"
 #include "cuda_utils.h"
+#include "params.h"
 #include "scratch.h"
 #include "tensor_core_bwd.h"
 
@@ -151,11 +152,7 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   params.dQ = dQ;
   params.dK = dK;
   params.dV = dV;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   params.causal = p.causal;
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * kLog2e;

@@ -12,6 +12,7 @@
 #include "hopper/traits.h"
 #include "hopper_fwd.h"
 #include "hopper_fwd_steps.h"
+#include "params.h"
 #include "scratch.h"
 
 namespace fa::stage10 {
@@ -111,11 +112,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   }
   params.O = O;
   params.L = L;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   const dim3 grid = grid_for(p, k);
   // The schedulers count tiles in an int, up to tiles_total + grid (a block's last look).
   if (query_tiles(p, k) > INT32_MAX - int64_t(grid.x))

@@ -14,6 +14,7 @@
 #include "hopper/tensor_map.h"
 #include "hopper_bwd.h"
 #include "hopper_bwd_steps.h"
+#include "params.h"
 #include "prep.h"
 #include "scratch.h"
 
@@ -112,11 +113,7 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   params.dQ = dQ;
   params.dK = dK;
   params.dV = dV;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   params.n_q_pad = int(n_q_pad);
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
