@@ -62,18 +62,21 @@ void require_device_pointer(const std::string& stage, const char* name, const vo
   }
 }
 
+void require_head_dim(const std::string& stage, int head_dim, const std::vector<int>& head_dims) {
+  if (std::find(head_dims.begin(), head_dims.end(), head_dim) != head_dims.end()) return;
+  std::string list;
+  for (int d : head_dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  throw std::invalid_argument(stage + ": head_dim = " + std::to_string(head_dim) + " is not supported (supported: " +
+                              list + ")");
+}
+
 void require_tensor_core_request(const std::string& stage, const Problem& p, Dtype dtype,
                                  const std::vector<int>& head_dims) {
   p.validate(stage);
   if (dtype != Dtype::BF16 && dtype != Dtype::F16)
     throw std::invalid_argument(stage + ": dtype " + dtype_name(dtype) +
                                 " is not supported (tensor cores take bf16 or f16)");
-  if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) == head_dims.end()) {
-    std::string list;
-    for (int d : head_dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-    throw std::invalid_argument(stage + ": head_dim = " + std::to_string(p.head_dim) +
-                                " is not supported (supported: " + list + ")");
-  }
+  require_head_dim(stage, p.head_dim, head_dims);
 }
 
 void require_grid_rows(const std::string& stage, const Problem& p) {
@@ -86,17 +89,13 @@ void require_grid_rows(const std::string& stage, const Problem& p) {
 
 void attach_forward_and_backward(StageInfo& s, const std::string& stage, const std::vector<int>& head_dims,
                                  ForwardDeviceFn forward, BackwardDeviceFn backward) {
-  const auto check = [stage, head_dims](const Problem& p) {
-    p.validate(stage);
-    if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end()) return;
-    std::string supported;
-    for (int d : head_dims) supported += (supported.empty() ? "" : ", ") + std::to_string(d);
-    throw std::invalid_argument(stage + ": head_dim = " + std::to_string(p.head_dim) +
-                                " is not supported (supported: " + supported + ")");
-  };
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
   s.head_dims = head_dims;
+  const auto check = [stage, head_dims](const Problem& p) {
+    p.validate(stage);
+    require_head_dim(stage, p.head_dim, head_dims);
+  };
   s.forward_device = [check, f = std::move(forward)](const Problem& p, Dtype t, const void* Q, const void* K,
                                                      const void* V, void* O, float* L, void* stream) {
     check(p);

@@ -87,9 +87,13 @@ std::vector<std::pair<std::string, std::string>> describe_launch(const void* ker
 void require_device_pointer(const std::string& stage, const char* name, const void* ptr,
                             size_t alignment, const std::string& why);
 
+/// Refuses a head dim not in `head_dims` (a stage's kHeadDims) with std::invalid_argument:
+/// "<stage>: head_dim = 80 is not supported (supported: 64, 128)".
+void require_head_dim(const std::string& stage, int head_dim, const std::vector<int>& head_dims);
+
 /// The refusals every tensor-core stage shares, before anything is launched or written: the
 /// problem (Problem::validate), a dtype other than bf16/f16, a head dim not in `head_dims`
-/// ("<stage>: head_dim = 80 is not supported (supported: 64, 128)").
+/// (require_head_dim).
 void require_tensor_core_request(const std::string& stage, const Problem& p, Dtype dtype,
                                  const std::vector<int>& head_dims);
 /// Refuses heads or batch above 65535, for a grid with one row per head and one layer per

@@ -154,6 +154,13 @@ int64_t OptionTable::get(std::string_view name) const {
   return values()[size_t(&o - options_.data())];
 }
 
+const std::vector<std::string>& OptionTable::value_names(std::string_view name) const {
+  const Option& o = find(name);
+  if (o.value_names.empty())
+    throw std::logic_error(stage_ + ": option '" + o.name + "' has no value names (it is a range or a flag)");
+  return o.value_names;
+}
+
 void OptionTable::set(std::string_view name, int64_t value) const {
   const Option& o = find(name);
   if (!allows(o, value))

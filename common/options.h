@@ -89,6 +89,9 @@ class OptionTable {
 
   /// The calling thread's value of option `name` (its default until the thread sets it).
   int64_t get(std::string_view name) const;
+  /// The value names of option `name`, a choice: a stage's step names are its "step"
+  /// option's, declared once in its table. Throws std::logic_error for an option without names.
+  const std::vector<std::string>& value_names(std::string_view name) const;
   /// Sets the calling thread's value; 0 restores the default. Throws std::invalid_argument
   /// naming the stage, the option, the value and what is allowed.
   void set(std::string_view name, int64_t value) const;

@@ -73,6 +73,10 @@ TEST_CASE("option registry: defaults, set, get, 0 restores the default, refusals
   CHECK(refusal("block_k", 48) == "99_example: block_k = 48 is not allowed (allowed: 0 auto, 32, 64)");
   CHECK(refusal("count", -1) == "99_example: count = -1 is not allowed (allowed: 0 or 1)");
   CHECK(refusal("steps", 1) == "99_example: no option 'steps' (options: step, threads, block, block_k, count)");
+  // A stage's step_names() are its "step" option's names; a range has none.
+  CHECK(table().value_names("step") == std::vector<std::string>{"auto", "99a", "99b"});
+  CHECK(table().value_names("block_k") == std::vector<std::string>{"auto", "32", "64"});
+  CHECK_THROWS_AS(table().value_names("threads"), std::logic_error);
   CHECK(table().get("block_k") == 32);  // a refusal changes nothing
   CHECK(table().read("calls") == 1);
   CHECK(table().read("calls") == 2);

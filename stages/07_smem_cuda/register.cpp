@@ -10,20 +10,18 @@ namespace fa::stage07 {
 
 namespace {
 
-constexpr const char* kStage = "07_smem_cuda";
-
 // Refuses what the kernel cannot run before anything is allocated or copied.
 void require_runnable(const Problem& p, Dtype t) {
   if (t != Dtype::F32)
-    throw std::invalid_argument(std::string(kStage) + ": dtype " + dtype_name(t) +
+    throw std::invalid_argument(std::string(kStageName) + ": dtype " + dtype_name(t) +
                                 " is not supported (this stage computes in f32 only)");
   launch_shape(p);  // validates the problem and the head dim
 }
 
 const OptionTable& options() {
   static const OptionTable table{
-      kStage,
-      {Option::choice("step", step_names(),
+      kStageName,
+      {Option::choice("step", {"auto", "07a", "07b", "07c"},
                       "which step of the stage runs: auto (the final design, 07c), 07a (tiles loaded through "
                       "registers, then computed), 07b (the next tiles copied with cp.async during this tile's "
                       "math), 07c (two barriers per key tile)"),
@@ -39,6 +37,8 @@ const OptionTable& options() {
 
 }  // namespace
 
+const std::vector<std::string>& step_names() { return options().value_names("step"); }
+
 Options current_options() {
   const OptionTable& t = options();
   return Options{Step(t.get("step")), int(t.get("block_k")), SmemLayout(t.get("smem_layout"))};
@@ -53,11 +53,11 @@ void set_options(const Options& o) {
 
 StageInfo info() {
   StageInfo s;
-  s.name = kStage;
+  s.name = kStageName;
   s.idea = "the tiled forward as a CUDA kernel: fp32, tiles in shared memory, S and O in registers";
   s.is_gpu = true;
   s.dtypes = {Dtype::F32};
-  s.head_dims = supported_head_dims();
+  s.head_dims = kHeadDims;
 
   s.forward_device = [](const Problem& p, Dtype t, const void* Q, const void* K, const void* V,
                         void* O, float* L, void* stream) {

@@ -54,8 +54,6 @@
 namespace fa::stage07 {
 namespace {
 
-const char* const kStage = "07_smem_cuda";
-
 // ---------------------------------------------------------------------------------------
 // The kernel: one thread block per (batch·head, query tile).
 // ---------------------------------------------------------------------------------------
@@ -164,14 +162,8 @@ __global__ void __launch_bounds__(kThreads, C::kMinBlocks) flash_forward_kernel(
 // ---------------------------------------------------------------------------------------
 
 int padded_head_dim(int d) {
-  for (int s : supported_head_dims())
-    if (s == d) return (d + 31) / 32 * 32;
-  std::ostringstream msg;
-  msg << kStage << ": head_dim = " << d << " is not supported (supported: ";
-  for (size_t n = 0; n < supported_head_dims().size(); ++n)
-    msg << (n ? ", " : "") << supported_head_dims()[n];
-  msg << ")";
-  throw std::invalid_argument(msg.str());
+  require_head_dim(kStageName, d, kHeadDims);
+  return (d + 31) / 32 * 32;
 }
 
 // The layout of sQ, sK, sP at padded head dim D. Auto: swizzled at D = 128 (the 64-key tile
@@ -181,7 +173,7 @@ int padded_head_dim(int d) {
 bool swizzled_for(int D, const Options& o) {
   if (o.smem_layout == SmemLayout::Auto) return D == 128 && o.block_k != 32;
   if (o.smem_layout == SmemLayout::Swizzled && o.block_k == 32)
-    throw std::invalid_argument(std::string(kStage) +
+    throw std::invalid_argument(std::string(kStageName) +
                                 ": smem_layout swizzled is built for block_k = 64 only (asked: block_k = 32)");
   return o.smem_layout == SmemLayout::Swizzled;
 }
@@ -207,7 +199,7 @@ StepKernel kernel_for(const LaunchShape& s) {
 }
 
 void require_aligned(const void* ptr, const char* name) {
-  require_device_pointer(kStage, name, ptr, 16, "the kernel reads and writes rows as float4");
+  require_device_pointer(kStageName, name, ptr, 16, "the kernel reads and writes rows as float4");
 }
 
 }  // namespace
@@ -219,11 +211,6 @@ StepKernel step_07c(int D, int B_c, bool swizzled) {
   });
 }
 
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "07a", "07b", "07c"};
-  return names;
-}
-
 const std::vector<std::string>& smem_layout_names() {
   static const std::vector<std::string> names{"auto", "padded", "swizzled"};
   return names;
@@ -232,7 +219,7 @@ const std::vector<std::string>& smem_layout_names() {
 LaunchShape launch_shape(const Problem& p) { return launch_shape(p, current_options()); }
 
 LaunchShape launch_shape(const Problem& p, const Options& o) {
-  p.validate(kStage);
+  p.validate(kStageName);
   LaunchShape s;
   s.head_dim_padded = padded_head_dim(p.head_dim);
   s.block_q = kBlockQ;
@@ -254,7 +241,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
   const LaunchShape shape = launch_shape(p);  // validates the problem, the head dim, the options
   if (shape.blocks == 0) return;              // N_q = 0: nothing to write
   if (shape.blocks > std::numeric_limits<int>::max())
-    throw std::invalid_argument(std::string(kStage) + ": " + std::to_string(shape.blocks) +
+    throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(shape.blocks) +
                                 " thread blocks (query tiles · batch · heads) exceed the grid "
                                 "limit of 2^31 − 1");
   require_aligned(Q, "Q");
@@ -264,7 +251,7 @@ void forward(const Problem& p, const float* Q, const float* K, const float* V, f
     require_aligned(V, "V");
   }
   if (reinterpret_cast<uintptr_t>(L) % alignof(float) != 0)
-    throw std::invalid_argument(std::string(kStage) + ": L is not 4-byte aligned");
+    throw std::invalid_argument(std::string(kStageName) + ": L is not 4-byte aligned");
 
   Params params{};
   params.Q = Q;

@@ -16,20 +16,21 @@
 
 namespace fa::stage07 {
 
-/// The head dims this kernel is compiled for. Each runs in a kernel instantiated for the
-/// next multiple of 32 (16 and 32 → 32, 40 and 64 → 64, 80 and 96 → 96, 128 → 128), the
-/// extra columns being zeros in shared memory.
-inline const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{16, 32, 40, 64, 80, 96, 128};
-  return dims;
-}
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "07_smem_cuda";
+
+/// The head dims this kernel is compiled for (StageInfo::head_dims). Each runs in a kernel
+/// instantiated for the next multiple of 32 (16 and 32 → 32, 40 and 64 → 64, 80 and 96 → 96,
+/// 128 → 128), the extra columns being zeros in shared memory.
+inline const std::vector<int> kHeadDims{16, 32, 40, 64, 80, 96, 128};
 
 /// The steps of the stage, in reading order (option `step`); `Auto` runs the final design.
 ///   07a  K_j, V_j loaded through registers, then the tile computed; three barriers per tile
 ///   07b  the next K, V tiles copied with cp.async during this tile's math
 ///   07c  two barriers per tile: the wait for K_{j+1} moves before barrier 3 (smem_cuda.cu)
 enum class Step { Auto = 0, SyncLoads = 1, CpAsync = 2, TwoBarriers = 3 };
-const std::vector<std::string>& step_names();  ///< "auto", "07a", "07b", "07c"
+const std::vector<std::string>& step_names();  ///< "auto", "07a", "07b", "07c": the option's names
 
 /// The layout of sQ, sK, sP (option `smem_layout`): rows padded by 4 floats, or unpadded
 /// with 16-byte chunks XOR-swizzled (block_tile.cuh, smem_offset). Auto: swizzled at d = 128
@@ -51,7 +52,7 @@ void set_options(const Options& o);
 /// O = softmax(scale · Q Kᵀ + mask) V and L = log-sum-exp per row, on DEVICE pointers in
 /// fp32 (layouts of docs/design.md §3), launched on `stream` with the current options.
 /// Asynchronous: returns after the launch. Throws std::invalid_argument for a problem it
-/// refuses (bad sizes, a head dim not in supported_head_dims(), a pointer not 16-byte
+/// refuses (bad sizes, a head dim not in kHeadDims, a pointer not 16-byte
 /// aligned, swizzled tiles with block_k = 32) before touching anything.
 void forward(const Problem& p, const float* Q, const float* K, const float* V, float* O,
              float* L, cudaStream_t stream);

@@ -14,8 +14,6 @@ namespace fa::stage08 {
 
 namespace {
 
-constexpr const char* kStageName = "08_tensor_core_fwd";
-
 void check_pointer(const char* name, const void* ptr, size_t alignment) {
   require_device_pointer(kStageName, name, ptr, alignment,
                          alignment == 16 ? "tiles move in 16-byte cp.async copies and vector stores"
@@ -23,11 +21,6 @@ void check_pointer(const char* name, const void* ptr, size_t alignment) {
 }
 
 }  // namespace
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "08a", "08b"};
-  return names;
-}
 
 const std::vector<std::pair<int64_t, std::string>>& ablation_values() {
   static const std::vector<std::pair<int64_t, std::string>> values{
@@ -53,13 +46,8 @@ const std::vector<std::pair<int64_t, std::string>>& tile_d128_values() {
   return values;
 }
 
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{32, 64, 96, 128, 256};
-  return dims;
-}
-
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   require_grid_rows(kStageName, p);
 }
 

@@ -9,12 +9,10 @@ namespace fa::stage08 {
 
 namespace {
 
-constexpr const char* kStageName = "08_tensor_core_fwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
-      {Option::choice("step", step_names(),
+      {Option::choice("step", {"auto", "08a", "08b"},
                       "which step of the stage runs: auto (the final design, 08b), 08a (one K/V buffer: each tile "
                       "loaded after the last is done), 08b (K/V double-buffered with cp.async)"),
        Option::choice("ablation", ablation_values(),
@@ -28,6 +26,8 @@ const OptionTable& options() {
 }
 
 }  // namespace
+
+const std::vector<std::string>& step_names() { return options().value_names("step"); }
 
 Options current_options() {
   const OptionTable& t = options();
@@ -47,7 +47,7 @@ StageInfo info() {
   s.idea = "fp16/bf16 forward on tensor cores: mma.sync, ldmatrix, swizzled smem, causal split, cp.async double buffer";
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
-  s.head_dims = supported_head_dims();
+  s.head_dims = kHeadDims;
   s.forward_device = [](const Problem& p, Dtype t, const void* Q, const void* K, const void* V, void* O, float* L,
                         void* stream) { forward(p, t, Q, K, V, O, L, static_cast<cudaStream_t>(stream)); };
   s.forward = host_forward_via_device(s.forward_device);

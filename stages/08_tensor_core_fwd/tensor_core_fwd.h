@@ -15,13 +15,17 @@
 
 namespace fa::stage08 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "08_tensor_core_fwd";
+
 /// The steps of the stage, in reading order (option `step`); `Auto` runs the final design.
 ///   08a  one K/V buffer: tile j+1 is loaded once every warp is done with tile j
 ///        (08a_one_buffer.cu)
 ///   08b  two K/V buffers: tile j+1 travels (cp.async) while tile j is computed
 ///        (tensor_core_fwd.cu)
 enum class Step { Auto = 0, OneBuffer = 1, DoubleBuffer = 2 };
-const std::vector<std::string>& step_names();  ///< "auto", "08a", "08b"
+const std::vector<std::string>& step_names();  ///< "auto", "08a", "08b": the option's names
 
 /// Data-only ablations of step 08b for the benchmark's ablation table: each turns exactly one
 /// optimisation off by changing a layout or a bound, not the code (instantiated for bf16 at
@@ -60,8 +64,8 @@ struct Options {
 Options current_options();
 void set_options(const Options& o);
 
-/// Head dims with a compiled kernel: 32, 64, 96, 128, 256.
-const std::vector<int>& supported_head_dims();
+/// Head dims with a compiled kernel (StageInfo::head_dims).
+inline const std::vector<int> kHeadDims{32, 64, 96, 128, 256};
 
 /// O = softmax(scale·Q Kᵀ + mask) V and L = log-sum-exp per row, on device buffers in
 /// `dtype` (BF16 or F16; L always fp32), with the current options. Layouts of docs/design.md §3;

@@ -13,14 +13,13 @@
 #include "bwd_kernels.cuh"
 #include "bwd_steps.h"
 #include "cuda_utils.h"
+#include "params.h"
 #include "scratch.h"
 #include "tensor_core_bwd.h"
 
 namespace fa::stage09 {
 
 namespace {
-
-constexpr const char* kStageName = "09_tensor_core_bwd";
 
 
 /// Rows per (batch, head) in the scratch arrays: seq_q rounded up to kQueryPad.
@@ -62,7 +61,7 @@ int64_t dq_blocks(const Problem& p, int block_m) {
 
 /// Every refusal of a problem happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   const int64_t blocks = std::max(dkdv_blocks(p, 64), dq_blocks(p, 64));  // the smallest tiles give the most blocks
   if (blocks > INT_MAX)
     throw std::invalid_argument(std::string(kStageName) + ": the problem needs " + std::to_string(blocks) +
@@ -120,16 +119,6 @@ void launch_all(const Problem& p, const StepKernels& k, BwdParams& params, cudaS
 
 }  // namespace
 
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{64, 128};
-  return dims;
-}
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "09a", "09b", "09c"};
-  return names;
-}
-
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
               const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream) {
   backward(p, dtype, Q, K, V, O, L, dO, dQ, dK, dV, stream, current_options());
@@ -163,11 +152,7 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   params.dQ = dQ;
   params.dK = dK;
   params.dV = dV;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   params.causal = p.causal;
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * kLog2e;

@@ -15,12 +15,10 @@ namespace fa::stage09 {
 
 namespace {
 
-constexpr const char* kStageName = "09_tensor_core_bwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
-      {Option::choice("step", step_names(),
+      {Option::choice("step", {"auto", "09a", "09b", "09c"},
                       "which step of the stage runs: auto (09b at d = 64, 09c at d = 128), 09a (dQ by a second "
                       "kernel: bitwise reproducible), 09b (dQ by fp32 atomics), 09c (warps 4 x 2, P and dS through "
                       "shared memory)")}};
@@ -28,6 +26,8 @@ const OptionTable& options() {
 }
 
 }  // namespace
+
+const std::vector<std::string>& step_names() { return options().value_names("step"); }
 
 Options current_options() { return Options{Step(options().get("step"))}; }
 
@@ -37,7 +37,7 @@ StageInfo info() {
   StageInfo s;
   s.name = kStageName;
   s.idea = "fp16/bf16 backward on tensor cores: preprocess D, dK/dV with K,V resident, dQ by a second pass or by atomics";
-  attach_forward_and_backward(s, kStageName, supported_head_dims(), stage08::info().forward_device,
+  attach_forward_and_backward(s, kStageName, kHeadDims, stage08::info().forward_device,
                               [](const Problem& p, Dtype t, const void* Q, const void* K, const void* V,
                                  const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV,
                                  void* stream) {

@@ -17,6 +17,10 @@
 
 namespace fa::stage09 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "09_tensor_core_bwd";
+
 /// The steps of the stage, in reading order (option `step`). Each is a complete backward
 /// (preprocess, dK/dV kernel, dQ); `Auto` runs 09b at d = 64 and 09c at d = 128, the faster
 /// of the two at each head dim.
@@ -28,7 +32,7 @@ namespace fa::stage09 {
 ///        shared-memory reads per step (tensor_core_bwd.cu)
 /// dK and dV are bitwise reproducible in every step.
 enum class Step { Auto = 0, DqPass = 1, DqAtomics = 2, WarpGrid = 3 };
-const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c"
+const std::vector<std::string>& step_names();  ///< "auto", "09a", "09b", "09c": the option's names
 
 /// What a backward call runs (register.cpp's option table; per calling thread).
 struct Options {
@@ -43,8 +47,9 @@ struct Options {
 Options current_options();
 void set_options(const Options& o);
 
-/// Head dims with a compiled kernel: 64, 128.
-const std::vector<int>& supported_head_dims();
+/// Head dims with a compiled kernel (StageInfo::head_dims; the forward, stage 08's, is
+/// restricted to them).
+inline const std::vector<int> kHeadDims{64, 128};
 
 /// dQ, dK, dV of O = softmax(scale·Q Kᵀ + mask) V for the loss whose gradient with respect
 /// to O is dO, on DEVICE buffers in `dtype` (BF16 or F16); L (fp32, natural log) is the

@@ -15,6 +15,10 @@
 
 namespace fa::stage10 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "10_hopper_fwd";
+
 /// The steps of the stage, in reading order; `Auto` runs the final design (10f), or 10a at
 /// d = 64 with at most 1024 keys (launch.cpp says why).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization
@@ -24,7 +28,7 @@ namespace fa::stage10 {
 ///   10e  persistent: one block per SM loops over a list of query tiles, fixed in advance
 ///   10f  dynamic scheduling: a block that finishes early takes the next tile (a global counter)
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5, F = 6 };
-const std::vector<std::string>& step_names();  ///< "auto", "10a", …, "10f"
+const std::vector<std::string>& step_names();  ///< "auto", "10a", …, "10f": the option's names
 
 /// Settings that select a kernel (the option table in register.cpp). Per thread: a
 /// thread's options never change what another thread runs.
@@ -34,8 +38,8 @@ struct Options {
 Options current_options();
 void set_options(const Options& o);
 
-/// Head dims with kernels: 64, 128, 256.
-const std::vector<int>& supported_head_dims();
+/// Head dims with kernels (StageInfo::head_dims).
+inline const std::vector<int> kHeadDims{64, 128, 256};
 
 /// O = softmax(scale·Q Kᵀ + mask) V and L (log-sum-exp, fp32) on device buffers in `dtype`
 /// (BF16 or F16), with the current options. Layouts of docs/design.md §3; pointers 16-byte aligned

@@ -12,6 +12,7 @@
 #include "hopper/traits.h"
 #include "hopper_fwd.h"
 #include "hopper_fwd_steps.h"
+#include "params.h"
 #include "scratch.h"
 
 namespace fa::stage10 {
@@ -20,11 +21,9 @@ using hopper::make_tensor_map;
 
 namespace {
 
-constexpr const char* kStageName = "10_hopper_fwd";
-
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   require_grid_rows(kStageName, p);  // steps 10a–10d: one grid row per head, one layer per batch
 }
 
@@ -81,16 +80,6 @@ int heads_per_section(const Problem& p) {
 
 }  // namespace
 
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "10a", "10b", "10c", "10d", "10e", "10f"};
-  return names;
-}
-
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{64, 128, 256};
-  return dims;
-}
-
 void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, void* O, float* L,
              cudaStream_t stream) {
   forward(p, dtype, Q, K, V, O, L, stream, current_options());
@@ -123,11 +112,7 @@ void forward(const Problem& p, Dtype dtype, const void* Q, const void* K, const 
   }
   params.O = O;
   params.L = L;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   const dim3 grid = grid_for(p, k);
   // The schedulers count tiles in an int, up to tiles_total + grid (a block's last look).
   if (query_tiles(p, k) > INT32_MAX - int64_t(grid.x))

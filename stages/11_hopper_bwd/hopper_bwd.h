@@ -15,13 +15,17 @@
 
 namespace fa::stage11 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "11_hopper_bwd";
+
 /// The steps of the stage, in reading order; `Auto` runs the final design (11d).
 ///   11a  TMA loads on mbarriers + wgmma, one warpgroup, B_c = 64 keys per block
 ///   11b  warp specialization: a producer warp, two consumer warpgroups, B_c = 128
 ///   11c  overlap: exponentials under the dPᵀ product, dQ atomics under dV and dK
 ///   11d  dQ by a TMA reduction: blocks staged in shared memory, added in L2 by a writer warp
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4 };
-const std::vector<std::string>& step_names();  ///< "auto", "11a", "11b", "11c", "11d"
+const std::vector<std::string>& step_names();  ///< "auto", "11a", "11b", "11c", "11d": the option's names
 
 /// Settings that select what runs (the option table in register.cpp), per thread.
 struct Options {
@@ -35,8 +39,8 @@ struct Options {
 Options current_options();
 void set_options(const Options& o);
 
-/// Head dims with kernels: 64, 128.
-const std::vector<int>& supported_head_dims();
+/// Head dims with kernels (StageInfo::head_dims; the forward, stage 10's, is restricted to them).
+inline const std::vector<int> kHeadDims{64, 128};
 
 /// dQ, dK, dV of O = softmax(scale·Q Kᵀ + mask) V for the loss whose gradient with respect
 /// to O is dO, on device buffers in `dtype` (BF16 or F16); L (fp32, natural log) and O are

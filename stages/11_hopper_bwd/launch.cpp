@@ -14,6 +14,7 @@
 #include "hopper/tensor_map.h"
 #include "hopper_bwd.h"
 #include "hopper_bwd_steps.h"
+#include "params.h"
 #include "prep.h"
 #include "scratch.h"
 
@@ -21,12 +22,11 @@ namespace fa::stage11 {
 
 namespace {
 
-constexpr const char* kStageName = "11_hopper_bwd";
 using hopper::make_tensor_map;
 
 /// Every refusal of bad input happens here, before anything is launched or written.
 void check_request(const Problem& p, Dtype dtype) {
-  require_tensor_core_request(kStageName, p, dtype, supported_head_dims());
+  require_tensor_core_request(kStageName, p, dtype, kHeadDims);
   require_grid_rows(kStageName, p);  // one grid row per kv head, one layer per batch
 }
 
@@ -64,16 +64,6 @@ void launch(const StepKernel& k, dim3 grid, BwdParams& params, cudaStream_t stre
 }
 
 }  // namespace
-
-const std::vector<std::string>& step_names() {
-  static const std::vector<std::string> names{"auto", "11a", "11b", "11c", "11d"};
-  return names;
-}
-
-const std::vector<int>& supported_head_dims() {
-  static const std::vector<int> dims{64, 128};
-  return dims;
-}
 
 void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const void* V, const void* O,
               const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream) {
@@ -123,11 +113,7 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   params.dQ = dQ;
   params.dK = dK;
   params.dV = dV;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.seq_q = p.seq_q;
-  params.seq_k = p.seq_k;
+  set_problem_sizes(params, p);
   params.n_q_pad = int(n_q_pad);
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);

@@ -14,12 +14,10 @@ namespace fa::stage11 {
 
 namespace {
 
-constexpr const char* kStageName = "11_hopper_bwd";
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
-      {Option::choice("step", step_names(),
+      {Option::choice("step", {"auto", "11a", "11b", "11c", "11d"},
                       "which step of the stage runs: auto (the final design, 11d), 11a (TMA + wgmma, one "
                       "warpgroup), 11b (warp specialization: a producer warp, two consumer warpgroups), 11c "
                       "(exponentials and dQ atomics overlapped with the products), 11d (dQ added by TMA bulk "
@@ -31,6 +29,8 @@ const OptionTable& options() {
 }
 
 }  // namespace
+
+const std::vector<std::string>& step_names() { return options().value_names("step"); }
 
 Options current_options() {
   const OptionTable& t = options();
@@ -51,7 +51,7 @@ StageInfo info() {
   s.name = kStageName;
   s.idea = "the backward on Hopper's units: TMA, wgmma with operands in registers and shared memory, warp "
            "specialization";
-  attach_forward_and_backward(s, kStageName, supported_head_dims(), stage10::info().forward_device,
+  attach_forward_and_backward(s, kStageName, kHeadDims, stage10::info().forward_device,
                               [](const Problem& p, Dtype t, const void* Q, const void* K, const void* V,
                                  const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV,
                                  void* stream) {

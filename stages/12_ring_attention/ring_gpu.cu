@@ -289,10 +289,7 @@ class GpuRank final : public Rank {
 
 const char* transport_name(TransportKind t) { return t == TransportKind::Device ? "device" : "nccl"; }
 
-const std::vector<int>& gpu_head_dims() {
-  static const std::vector<int> dims{64, 128};  // stage 09's, all of which stage 08 has too
-  return dims;
-}
+const std::vector<int>& gpu_head_dims() { return stage09::kHeadDims; }  // all of them stage 08's too
 
 namespace {
 

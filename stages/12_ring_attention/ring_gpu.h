@@ -32,7 +32,7 @@ struct GpuConfig {
   TransportKind transport = TransportKind::Device;
 };
 
-/// Head dims with both a forward (stage 08) and a backward (stage 09) kernel: 64, 128.
+/// Head dims with both a forward (stage 08) and a backward (stage 09) kernel: stage 09's kHeadDims.
 const std::vector<int>& gpu_head_dims();
 
 /// True when this tree was configured with NCCL (the Nccl transport is built in).
