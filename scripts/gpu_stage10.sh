@@ -15,7 +15,7 @@ gpu_configure . $BUILD >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; ex
 cmake --build $BUILD -j "$(nproc)" --target stage10 >>"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 S=$BUILD/stages/10_hopper_fwd/stage10
 {
-for step in ${FA10_CHECK_STEPS:-10a 10b 10c 10d 10e}; do
+for step in ${FA10_CHECK_STEPS:-10a 10b 10c 10d 10e 10f}; do
   for args in "--head-dim 64 --seq-q 300 --seq-k 513 --heads 4 --kv-heads 2 --causal" \
               "--head-dim 128 --seq-q 257 --seq-k 1000" \
               "--head-dim 128 --seq-q 1025 --seq-k 1025 --causal" \
@@ -27,7 +27,7 @@ for step in ${FA10_CHECK_STEPS:-10a 10b 10c 10d 10e}; do
 done
 } 2>&1 | tee "$OUT/check.log"
 if [[ ${FA10_BENCH:-1} == 1 ]]; then
-  for step in ${FA10_STEPS:-10a 10b 10c 10d}; do
+  for step in ${FA10_STEPS:-10a 10b 10c 10d 10e 10f}; do
     for d in ${FA10_DIMS:-64 128 256}; do
       for causal in "" "--causal"; do
         for n in ${FA10_NS:-4096}; do

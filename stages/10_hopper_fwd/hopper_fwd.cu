@@ -1,8 +1,8 @@
 // Stage 10 — FlashAttention's forward on Hopper's own units: TMA loads completing on
 // mbarriers, asynchronous warpgroup MMA (wgmma), warp specialization with register
 // reallocation, ping-pong between consumer warpgroups, the softmax of one tile overlapped
-// with the P·V product of the tile before, and a persistent block per SM (step 10e, the
-// final design).
+// with the P·V product of the tile before, and a persistent block per SM that takes its
+// query tiles from a scheduler (steps 10e and 10f; 10f is the final design).
 //
 // What changed from stage 08, and why: stage 08 is FlashAttention-2 on mma.sync, and on an
 // H200 mma.sync plateaus near half the tensor cores' rate: each warp issues its own small
@@ -22,10 +22,18 @@
 // current one, and the ring of K/V buffers and its phases simply continue from one query
 // tile to the next.
 //
+// What changed from 10e, and why (10f): 10e's list is dealt out before the launch (block b
+// takes tiles b, b + grid, …), so under the causal mask the block that drew the heavier tiles
+// finishes last, and its order (every head's last tile first) makes the blocks running at one
+// time read every head's K and V, more than the L2 holds. 10f's blocks take the next tile
+// from a global counter (common/hopper/tile_scheduler.cuh), and under the causal mask the
+// heads go in sections whose K and V fit in the L2 (pipeline.cuh, HeadSections). The kernel
+// below is the same for both; only the Scheduler and the Order differ.
+//
 // Algorithm, one block per SM; a producer warpgroup and two consumer warpgroups of 64 rows
 // (B_r = 128), three at d = 64 (B_r = 192):
-//   producer (one thread): for each of the block's query tiles (i, head, batch):
-//       wait q_empty; TMA Q_i → q_full;  for j = last … 0: wait k_empty[s]; TMA K_j → k_full[s];
+//   producer (one thread): for each query tile (i, head, batch) its scheduler hands it:
+//       wait q_empty; tile index and TMA Q_i → q_full;  for j = last … 0: wait k_empty[s]; TMA K_j → k_full[s];
 //       wait v_empty[s]; TMA V_j → v_full[s]   (s and its phase count on across query tiles)
 //   consumer c (64 rows), for each of the block's query tiles: O = 0, m = −inf, l = 0; wait q_full
 //     for each key tile j ("prev" = the tile before it):
