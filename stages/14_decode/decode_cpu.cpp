@@ -31,6 +31,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -104,7 +106,12 @@ void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, co
   std::vector<float> L_split = allocate(splits * rows, "the CPU step's partial log-sum-exps");
   const int64_t tasks = int64_t(p.batch) * p.kv_heads * splits;  // (b, hk, s)
   std::atomic<int64_t> next{0};
-  auto worker = [&] {
+  // A task that throws (a refusal in stage 05's loop, say) must not end the process from a
+  // worker thread: the first exception is kept, the others stop taking tasks, and it is
+  // thrown again here once every thread has joined.
+  std::exception_ptr failure;
+  std::mutex failure_lock;
+  auto run_tasks = [&] {
     std::vector<float> O_run(static_cast<size_t>(d));  // [d] one run's output, before it merges
     for (int64_t t = next++; t < tasks; t = next++) {
       const int s = int(t % splits), hk = int(t / splits % p.kv_heads), b = int(t / splits / p.kv_heads);
@@ -120,11 +127,21 @@ void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, co
         }
     }
   };
+  auto worker = [&] {
+    try {
+      run_tasks();
+    } catch (...) {
+      const std::lock_guard<std::mutex> hold(failure_lock);
+      if (!failure) failure = std::current_exception();
+      next = tasks;  // nobody takes another task
+    }
+  };
   const int threads = int(std::min<int64_t>(tasks, options.threads > 0 ? options.threads : splits));
   std::vector<std::thread> pool;
   for (int k = 1; k < threads; ++k) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
   //! [cpu split]
 
   //! [cpu combine]
