@@ -265,6 +265,8 @@ def check_expectation(verdict: dict, expected: set[str], folders: dict[str, str]
                 shown += ("waiting",)
             if v["state"] not in shown:
                 problems.append(f"stage {key}: {v['state']} (expected not implemented)")
+        elif v["state"] == "waiting" and set(v["stubs"]) <= expected:
+            pass  # a stage without regions that runs a stubbed one (stage 14's CPU step runs 05)
         elif v["state"] not in ("passed", "skipped", "missing"):
             problems.append(f"stage {key}: {v['state']} (expected passed)")
         stray = set(v["stubs"]) - expected

@@ -95,6 +95,19 @@ class Summary(unittest.TestCase):
         self.assertEqual(grade.check_expectation(v, {"06", "12"}, folders), [])
         self.assertNotEqual(grade.check_expectation(v, {"12"}, folders), [])
 
+    def test_stage_without_regions_that_runs_a_stubbed_one(self):
+        """Stage 14's CPU step runs stage 05's loop and has no region of its own: with 05
+        stubbed it waits on 05, which meets "only 05 not implemented" and not "none"."""
+        folders = dict(FOLDERS, **{"14": "14_decode"})
+        stub_05 = 'not implemented: stage 05, region "online update"\n'
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "r.xml"
+            path.write_text(junit([("harness", "passed", ""), ("stage14_cpu", "failed", stub_05)]))
+            lines, v = grade.summarise(grade.read_junit(path), folders, {})
+        self.assertEqual(v["stages"]["14_cpu"]["state"], "waiting")
+        self.assertEqual(grade.check_expectation(v, {"05"}, folders), [])
+        self.assertNotEqual(grade.check_expectation(v, set(), folders), [])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)
