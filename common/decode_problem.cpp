@@ -18,6 +18,16 @@ int DecodeProblem::max_seqlen() const {
   return m;
 }
 
+void DecodeProblem::validate_append(const std::string& who) const {
+  for (int b = 0; b < batch; ++b)
+    if (cache_seqlens[size_t(b)] < q_len)
+      throw std::invalid_argument(who + ": cache_seqlens[" + std::to_string(b) + "] = " +
+                                  std::to_string(cache_seqlens[size_t(b)]) + " is not allowed (allowed: q_len = " +
+                                  std::to_string(q_len) + " or more: the lengths count the new tokens)");
+}
+
+float DecodeProblem::softmax_scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt(float(head_dim)); }
+
 void DecodeProblem::validate(const std::string& who) const {
   auto fail = [&](const std::string& what) { throw std::invalid_argument(who + ": " + what); };
   auto in_range = [&](const char* name, int64_t value, int64_t lo, int64_t hi, const char* why) {

@@ -90,6 +90,12 @@ struct DecodeProblem {
   /// Refuses a host block table with an entry out of [0, num_blocks) among the blocks a
   /// sequence uses (ceil(cache_seqlens[b] / block_size) of its row), naming the entry.
   void validate_block_table(const int* table, const std::string& who = "decode") const;
+  /// The append's own refusal: every cache_seqlens[b] counts the q_len new tokens, so none is
+  /// below q_len.
+  void validate_append(const std::string& who) const;
+
+  /// The softmax scale: `scale`, or 1/sqrt(head_dim) when it is 0.
+  float softmax_scale() const;
 
   /// Sequence b as the common Problem: batch 1, seq_q = q_len, seq_k = cache_seqlens[b].
   Problem as_problem(int b) const;

@@ -71,7 +71,7 @@ void decode_emulated(const fa::DecodeProblem& p, s14::Step step, int splits, fa:
   const int64_t rows = p.l_elems();
   std::vector<float> O_split(size_t(splits * rows * p.head_dim)), L_split(size_t(splits * rows));
 
-  s14::DecodeParams params{};
+  s14::DecodeParams params = s14::params_of(p);
   params.Q = Q.data();
   params.K_cache = K.data();
   params.V_cache = V.data();
@@ -81,19 +81,8 @@ void decode_emulated(const fa::DecodeProblem& p, s14::Step step, int splits, fa:
   params.L_split = L_split.data();
   params.cache_seqlens = p.cache_seqlens.data();
   params.block_table = t.block_table.data();
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.group = p.group_size();
-  params.q_len = p.q_len;
   params.splits = splits;
   params.row_tiles = row_tiles;
-  params.capacity = p.capacity;
-  params.block_size = p.block_size;
-  params.num_blocks = p.num_blocks;
-  params.blocks_per_seq = p.blocks_per_seq;
-  params.scale_log2 = 1.0f / std::sqrt(float(p.head_dim)) * 1.4426950408889634f;
-  params.causal = p.causal;
   const fa::Dtype dtype = fa::Dtype::BF16;
   switch (step) {
     case s14::Step::OneBlock: run_grid(s14::step_14a(p.head_dim, dtype), dim3(p.kv_heads, p.batch), params); break;
@@ -166,16 +155,9 @@ TEST_CASE("the append kernel writes the new tokens, contiguous and paged") {
     fa::DecodeTensors t = fa::DecodeTensors::make(p, 6);
     std::vector<T> K = to_bf16(t.K_cache), V = to_bf16(t.V_cache);
     const std::vector<T> K_new = to_bf16(t.K_new), V_new = to_bf16(t.V_new);
-    s14::DecodeParams params{};
+    s14::DecodeParams params = s14::params_of(p);
     params.cache_seqlens = p.cache_seqlens.data();
     params.block_table = t.block_table.data();
-    params.batch = p.batch;
-    params.kv_heads = p.kv_heads;
-    params.q_len = p.q_len;
-    params.capacity = p.capacity;
-    params.block_size = p.block_size;
-    params.num_blocks = p.num_blocks;
-    params.blocks_per_seq = p.blocks_per_seq;
     run_grid(s14::append_kernel(p.head_dim), dim3(p.q_len, p.kv_heads, p.batch), params,
              reinterpret_cast<const uint4*>(K_new.data()), reinterpret_cast<const uint4*>(V_new.data()),
              reinterpret_cast<uint4*>(K.data()), reinterpret_cast<uint4*>(V.data()));

@@ -61,7 +61,7 @@ void attend_range(const DecodeProblem& p, const float* q, const float* K_cache, 
   Problem run;       // one query row against n keys: stage 05's problem
   run.seq_q = 1;
   run.head_dim = d;
-  run.scale = p.scale == 0.0f ? 1.0f / std::sqrt(float(d)) : p.scale;
+  run.scale = p.softmax_scale();
   for (int64_t j = from; j < to;) {
     // The run of keys starting at j that lie next to each other in memory.
     const int64_t end = p.paged() ? std::min(to, (j / p.block_size + 1) * p.block_size) : to;
@@ -167,11 +167,7 @@ void append_kv_cpu(const DecodeProblem& p, const float* K_new, const float* V_ne
   const std::string who = std::string(kStage) + " (append)";
   p.validate(who);
   p.validate_block_table(block_table, who);
-  for (int b = 0; b < p.batch; ++b)
-    if (p.cache_seqlens[size_t(b)] < p.q_len)
-      throw std::invalid_argument(who + ": cache_seqlens[" + std::to_string(b) + "] = " +
-                                  std::to_string(p.cache_seqlens[size_t(b)]) + " is not allowed (allowed: q_len = " +
-                                  std::to_string(p.q_len) + " or more: the lengths count the new tokens)");
+  p.validate_append(who);
   append_kv_host(p, K_new, V_new, K_cache, V_cache, block_table);
 }
 

@@ -127,7 +127,7 @@ void decode_device(const DecodeProblem& p, Dtype dtype, const void* Q, const voi
   const LaunchPlan lp = plan(p, options);
   const StepKernel kernel = attention_kernel(p, dtype, lp.step);
 
-  DecodeParams params{};
+  DecodeParams params = params_of(p);
   params.Q = Q;
   params.K_cache = K_cache;
   params.V_cache = V_cache;
@@ -135,19 +135,8 @@ void decode_device(const DecodeProblem& p, Dtype dtype, const void* Q, const voi
   params.L = L;
   params.cache_seqlens = cache_seqlens;
   params.block_table = block_table;
-  params.batch = p.batch;
-  params.heads = p.heads;
-  params.kv_heads = p.kv_heads;
-  params.group = p.group_size();
-  params.q_len = p.q_len;
   params.splits = lp.splits;
   params.row_tiles = lp.row_tiles;
-  params.capacity = p.capacity;
-  params.block_size = p.block_size;
-  params.num_blocks = p.num_blocks;
-  params.blocks_per_seq = p.blocks_per_seq;
-  params.scale_log2 = (p.scale == 0.0f ? 1.0f / std::sqrt(float(p.head_dim)) : p.scale) * 1.4426950408889634f;
-  params.causal = p.causal;
 
   // The partials of every split (splits > 1): fp32 O [splits][rows][d] and L [splits][rows].
   const int64_t rows = p.l_elems();
@@ -180,16 +169,9 @@ void append_kv_device(const DecodeProblem& p, Dtype dtype, const void* K_new, co
     require_device_pointer(who, name, ptr, 16, "16-byte copies");
   require_device_pointer(who, "cache_seqlens", cache_seqlens, 4, "int32");
   if (p.paged()) require_device_pointer(who, "block_table", block_table, 4, "int32");
-  DecodeParams params{};
+  DecodeParams params = params_of(p);
   params.cache_seqlens = cache_seqlens;
   params.block_table = block_table;
-  params.batch = p.batch;
-  params.kv_heads = p.kv_heads;
-  params.q_len = p.q_len;
-  params.capacity = p.capacity;
-  params.block_size = p.block_size;
-  params.num_blocks = p.num_blocks;
-  params.blocks_per_seq = p.blocks_per_seq;
   void* args[] = {&params, &K_new, &V_new, &K_cache, &V_cache};
   launch(append_kernel(p.head_dim), dim3(p.q_len, p.kv_heads, p.batch), args, static_cast<cudaStream_t>(stream));
   FA_CHECK_LAUNCH("append_kv");
@@ -238,11 +220,7 @@ void append_kv_gpu(const DecodeProblem& p, Dtype dtype, const float* K_new, cons
   const std::string who = std::string(kStage) + " (append)";
   p.validate(who);
   p.validate_block_table(block_table, who);
-  for (int b = 0; b < p.batch; ++b)
-    if (p.cache_seqlens[size_t(b)] < p.q_len)
-      throw std::invalid_argument(who + ": cache_seqlens[" + std::to_string(b) + "] = " +
-                                  std::to_string(p.cache_seqlens[size_t(b)]) + " is not allowed (allowed: q_len = " +
-                                  std::to_string(p.q_len) + " or more: the lengths count the new tokens)");
+  p.validate_append(who);
   require_gpu_request(p, dtype, GpuOptions{p.paged() ? Step::Paged : Step::Auto, 0});
   require_gpu(who);
   cudaStream_t stream = nullptr;

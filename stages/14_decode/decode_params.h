@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "decode_problem.h"
 #include "problem.h"
 #include "step_kernel.h"
 
@@ -28,6 +29,24 @@ struct DecodeParams {
   float scale_log2;  ///< softmax scale · log2(e): scores in base 2, so exp2 replaces exp
   bool causal;
 };
+
+/// What every decode kernel and the append take from the problem itself: the sizes, the
+/// cache layout, the scale and the mask. The caller adds the pointers, splits and row tiles.
+inline DecodeParams params_of(const DecodeProblem& p) {
+  DecodeParams params{};
+  params.batch = p.batch;
+  params.heads = p.heads;
+  params.kv_heads = p.kv_heads;
+  params.group = p.group_size();
+  params.q_len = p.q_len;
+  params.capacity = p.capacity;
+  params.block_size = p.block_size;
+  params.num_blocks = p.num_blocks;
+  params.blocks_per_seq = p.blocks_per_seq;
+  params.scale_log2 = p.softmax_scale() * 1.4426950408889634f;  // log2(e)
+  params.causal = p.causal;
+  return params;
+}
 
 /// Each step's kernel for head dim d and dtype (bf16 or f16), refused by name otherwise.
 StepKernel step_14a(int d, Dtype dtype);
