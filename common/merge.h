@@ -15,9 +15,9 @@
 #include <cmath>
 
 #ifdef __CUDACC__
-#define FA_HOST_DEVICE __host__ __device__
+#define FA_MERGE_HOST_DEVICE __host__ __device__
 #else
-#define FA_HOST_DEVICE
+#define FA_MERGE_HOST_DEVICE
 #endif
 
 namespace fa::stage12 {
@@ -31,7 +31,7 @@ struct MergeWeights {
 
 //! [merge]
 /// The weights for merging a partial result (O_part, L_part) into (O_acc, L_acc), in fp32.
-FA_HOST_DEVICE inline MergeWeights merge_weights(float L_acc, float L_part) {
+FA_MERGE_HOST_DEVICE inline MergeWeights merge_weights(float L_acc, float L_part) {
   const float inf = INFINITY;
   // A side that saw no key (L = −∞, O = 0) has no weight. Written out, so that two such
   // sides give L = −∞ rather than −∞ − (−∞) = NaN.
@@ -66,7 +66,7 @@ struct MergeMany {
   struct Factors {
     float rescale, weight;
   };
-  FA_HOST_DEVICE Factors add(float L_s) {
+  FA_MERGE_HOST_DEVICE Factors add(float L_s) {
     const float max_new = (L_s > L_max || L_s != L_s) ? L_s : L_max;  // L_s != L_s: NaN reaches the row
     // While every partial so far saw no key, L_max = −inf: subtract 0 (as stage 05 does).
     const float shift = max_new == -INFINITY ? 0.0f : max_new;
@@ -76,9 +76,9 @@ struct MergeMany {
     return f;
   }
   /// The merged L: −inf when no partial saw a key.
-  FA_HOST_DEVICE float L() const { return sum == 0.0f ? -INFINITY : L_max + logf(sum); }
+  FA_MERGE_HOST_DEVICE float L() const { return sum == 0.0f ? -INFINITY : L_max + logf(sum); }
   /// The factor that normalises O_acc: 1/sum, 0 when no partial saw a key (O = 0).
-  FA_HOST_DEVICE float normaliser() const { return sum == 0.0f ? 0.0f : 1.0f / sum; }
+  FA_MERGE_HOST_DEVICE float normaliser() const { return sum == 0.0f ? 0.0f : 1.0f / sum; }
 };
 //! [merge many]
 

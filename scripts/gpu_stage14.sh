@@ -59,20 +59,22 @@ for t in cpu emu gpu; do
   [[ $rc == 0 ]] && note "test_stage14_$t: PASS" || note "test_stage14_$t: FAIL (rc=$rc; see tests.log)"
 done
 
-# --- every step through the program, checked, on a few shapes (contiguous: 14a–14d; paged: 14d);
+# --- every step through the program, checked, on a few shapes (contiguous: 14a–14e; paged: 14d, 14e);
 # the append is checked where every length counts the new tokens (a length 0 cannot)
 {
   for args in "--lens 1000,1,0,4097 --q-len 1" "--lens 300,77 --q-len 4 --heads 32 --kv-heads 4 --append" \
               "--lens 513,16 --q-len 16 --heads 8 --kv-heads 8 --head-dim 64 --dtype f16 --append"; do
-    for step in 14a 14b 14c 14d; do
+    for step in 14a 14b 14c 14d 14e; do
       echo "== $step $args"
       timeout 60 $S --step $step $args 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
     done
   done
   for block in 16 64 256; do
-    echo "== 14d paged $block"
-    timeout 60 $S --block-size $block --lens 5000,17,1,300 --q-len 1 --append 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
-    timeout 60 $S --block-size $block --lens 5000,17,0,300 --q-len 4 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
+    for step in 14d 14e; do
+      echo "== $step paged $block"
+      timeout 60 $S --step $step --block-size $block --lens 5000,17,1,300 --q-len 1 --append 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
+      timeout 60 $S --step $step --block-size $block --lens 5000,17,0,300 --q-len 4 2>&1 | grep -E "launch|PASS|FAIL|rror|^14_decode"
+    done
   done
 } >"$OUT/check.log" 2>&1
 if grep -q -E "FAIL|rror|^14_decode" "$OUT/check.log"; then note "cli check: FAIL (see check.log)"; else note "cli check: PASS ($(grep -c "result PASS" "$OUT/check.log") runs)"; fi
@@ -88,16 +90,18 @@ elif [[ ${FA14_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/null; 
     FA_TEST_SMALL=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $T/test_stage14_gpu 2>&1 | tail -15
     echo "rc=${PIPESTATUS[0]}"
     for tool in racecheck synccheck initcheck; do
-      for step in 14a 14b 14c 14d; do
+      for step in 14a 14b 14c 14d 14e; do
         echo "== $tool $step"
         timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $S --step $step --lens 100,37 --heads 8 \
           --kv-heads 2 --q-len 4 --splits 3 --append 2>&1 | grep -E "ERROR SUMMARY|PASS|FAIL|rror" | head -5
         echo "rc=${PIPESTATUS[0]}"
       done
-      echo "== $tool 14d paged"
-      timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $S --block-size 16 --lens 100,37 --heads 8 \
-        --kv-heads 2 --q-len 4 --splits 3 --append 2>&1 | grep -E "ERROR SUMMARY|PASS|FAIL|rror" | head -5
-      echo "rc=${PIPESTATUS[0]}"
+      for step in 14d 14e; do
+        echo "== $tool $step paged"
+        timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $S --step $step --block-size 16 --lens 100,37 \
+          --heads 8 --kv-heads 2 --q-len 4 --splits 3 --append 2>&1 | grep -E "ERROR SUMMARY|PASS|FAIL|rror" | head -5
+        echo "rc=${PIPESTATUS[0]}"
+      done
     done
   } >"$OUT/sanitizer.log" 2>&1
   bad=$(grep -c -E "^rc=[^0]" "$OUT/sanitizer.log")
@@ -111,20 +115,22 @@ if run_part 3 && [[ ${FA14_BENCH:-1} == 1 ]]; then
   CSV="$OUT/stage14_bench.csv"
   echo "device,commit,date,step,dtype,batch,heads,kv_heads,head_dim,q_len,cache,block_size,splits,ms,kv_gbs,copy_gbs,pct_of_copy" >"$CSV"
   ROWS=$(mktemp)
-  batches="1 8 64" caches="1024 8192 32768 131072"
-  [[ ${FA14_QUICK:-0} == 1 ]] && batches="1 8" caches="1024 32768"
+  # The full grid times the last two steps (14a–14c take minutes at batch 64 and 128k keys);
+  # the quick one every step, to show what each buys.
+  batches="1 8 64" caches="1024 8192 32768 131072" steps="14d 14e"
+  [[ ${FA14_QUICK:-0} == 1 ]] && batches="1 8" caches="1024 32768" steps="14a 14b 14c 14d 14e"
   {
     for b in $batches; do
       for n in $caches; do
         for q in 1 4; do
-          for step in 14a 14b 14c 14d; do
+          for step in $steps; do
             echo "== $step batch=$b cache=$n q_len=$q contiguous"
             timeout 60 $S --step $step --batch $b --cache $n --q-len $q --no-check --bench --repeat 10 --csv "$ROWS" 2>&1 \
               | grep -E "launch|time|bandwidth|rror"
           done
           for block in 16 256; do
-            echo "== 14d batch=$b cache=$n q_len=$q paged $block"
-            timeout 60 $S --step 14d --batch $b --cache $n --q-len $q --block-size $block --no-check --bench --repeat 10 \
+            echo "== 14e batch=$b cache=$n q_len=$q paged $block"
+            timeout 60 $S --step 14e --batch $b --cache $n --q-len $q --block-size $block --no-check --bench --repeat 10 \
               --csv "$ROWS" 2>&1 | grep -E "launch|time|bandwidth|rror"
           done
         done

@@ -234,9 +234,10 @@ TEST_CASE("refusals name the value and what is allowed; nothing is written") {
 TEST_CASE("the split rule fills the GPU, keeps splits long, and caps them") {
   // batch 1 x 8 KV heads = 8 blocks on 132 SMs holding 4 each: 66 splits where the keys allow.
   CHECK(s14::split_rule(8, 32768, 132, 4) == 66);
-  CHECK(s14::split_rule(8, 1024, 132, 4) == 4);     // 1024 keys: at most 4 splits of 256
+  CHECK(s14::split_rule(8, 1024, 132, 4) == 8);     // 1024 keys: at most 8 splits of 128
+  CHECK(s14::split_rule(64, 32768, 132, 1) == 2);   // 128 blocks: one wave; 3 splits would start a second
   CHECK(s14::split_rule(8, 100, 132, 4) == 1);      // too short to split
-  CHECK(s14::split_rule(512, 32768, 132, 4) == 2);  // batch 64 x 8: the grid is nearly full already
+  CHECK(s14::split_rule(512, 32768, 132, 4) == 1);  // batch 64 x 8: 512 blocks, most of one wave already
   CHECK(s14::split_rule(1, 1 << 20, 132, 4) == s14::kMaxSplits);
   CHECK(s14::parse_step("14c") == s14::Step::GqaPacking);
   CHECK(refusal([] { s14::parse_step("14z"); }).find("step '14z' is not a step") != std::string::npos);

@@ -65,7 +65,7 @@ void require_pass(const fa::DecodeProblem& p, s14::GpuOptions o, fa::Dtype dtype
 
 // The steps that read a cache of this layout.
 std::vector<s14::Step> steps_for(const fa::DecodeProblem& p) {
-  if (p.paged()) return {s14::Step::Paged};
+  if (p.paged()) return {s14::Step::Paged, s14::Step::TensorCores};
   return {std::begin(s14::kSteps), std::end(s14::kSteps)};
 }
 
@@ -145,22 +145,23 @@ TEST_CASE("every step: GQA ratios 1, 4, 8 (up to 128 packed rows), f16 and bf16,
       }
 }
 
-TEST_CASE("14d: paged caches of blocks 16, 64, 256 with shuffled block tables") {
+TEST_CASE("14d, 14e: paged caches of blocks 16, 64, 256 with shuffled block tables") {
   for (int block : {16, 64, 256})
     for (int q_len : {1, 4, 16}) {
       const fa::DecodeProblem p = paged(contiguous({1000, 0, 17, 256, 1, 513}, 16, 4, q_len), block);
       fa::DecodeTensors t = fa::DecodeTensors::make(p, uint64_t(block * 10 + q_len));
-      for (int splits : {0, 1, 5}) {
-        const s14::GpuOptions o{s14::Step::Paged, splits};
-        require_pass(p, o, fa::Dtype::BF16, run_gpu(p, fa::Dtype::BF16, t, o));
-      }
+      for (s14::Step step : {s14::Step::Paged, s14::Step::TensorCores})
+        for (int splits : {0, 1, 5}) {
+          const s14::GpuOptions o{step, splits};
+          require_pass(p, o, fa::Dtype::BF16, run_gpu(p, fa::Dtype::BF16, t, o));
+        }
     }
 }
 
 TEST_CASE("split count does not change the result beyond rounding") {
   const fa::DecodeProblem p = contiguous({small() ? 2000 : 8193, 100, 0}, 8, 2, 4);
   fa::DecodeTensors t = fa::DecodeTensors::make(p, 5);
-  for (s14::Step step : {s14::Step::SplitKV, s14::Step::GqaPacking, s14::Step::Paged}) {
+  for (s14::Step step : {s14::Step::SplitKV, s14::Step::GqaPacking, s14::Step::Paged, s14::Step::TensorCores}) {
     std::vector<float> O_one;
     double tol = 0;
     for (int splits : {1, 2, 3, 7, 64, 300, small() ? 1000 : 4096}) {  // 300 on: more splits than key tiles

@@ -26,22 +26,6 @@ namespace fa::stage14 {
 
 namespace {
 
-/// A paged cache: key j of (sequence b, KV head hk) is row j % block_size of pool block
-/// table[b][j / block_size], whose KV head hk is a [block_size][d] slab.
-template <int D>
-struct PagedKeys {
-  const int* table_row;  // [blocks_per_seq] sequence b's row of the block table
-  int hk, kv_heads, block_size, num_blocks;
-  __device__ PagedKeys(const DecodeParams& p, int b, int hk_)
-      : table_row(p.block_table + int64_t(b) * p.blocks_per_seq), hk(hk_), kv_heads(p.kv_heads),
-        block_size(p.block_size), num_blocks(p.num_blocks) {}
-  __device__ int64_t operator()(int64_t j) const {
-    const int block = table_row[j / block_size];
-    if (block < 0 || block >= num_blocks) return -1;  // not in the pool: loads as zeros
-    return ((int64_t(block) * kv_heads + hk) * block_size + j % block_size) * D;
-  }
-};
-
 //! [decode kernel]
 template <class T, int D, class Keys>
 __global__ void __launch_bounds__(kThreads) decode_14d(const DecodeParams p) {

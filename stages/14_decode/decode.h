@@ -42,11 +42,13 @@ int cpu_splits(const CpuOptions& options);
 // ---------------------------------------------------------------- the CUDA steps
 
 /// The CUDA steps, in reading order; Auto is the final design (decode.cu, step 14d).
-enum class Step { Auto = 0, OneBlock = 1, SplitKV = 2, GqaPacking = 3, Paged = 4 };
+enum class Step { Auto = 0, OneBlock = 1, SplitKV = 2, GqaPacking = 3, Paged = 4, TensorCores = 5 };
 /// "14a", "14b", "14c", "14d" ("auto" for Auto); parse_step takes those names back.
 std::string step_name(Step s);
 Step parse_step(const std::string& name);
-inline constexpr Step kSteps[] = {Step::OneBlock, Step::SplitKV, Step::GqaPacking, Step::Paged};
+inline constexpr Step kSteps[] = {Step::OneBlock, Step::SplitKV, Step::GqaPacking, Step::Paged, Step::TensorCores};
+/// Whether step `s` reads a paged cache (14d, 14e and auto read either layout).
+inline bool reads_paged(Step s) { return s == Step::Auto || s == Step::Paged || s == Step::TensorCores; }
 
 /// Head dims the CUDA steps are compiled for.
 std::vector<int> gpu_head_dims();
@@ -65,7 +67,7 @@ inline constexpr int kTileKeys = 32;
 /// resident blocks each) without splits so short that the combine costs more than they win:
 /// every split holds at least kMinKeysPerSplit keys of the longest sequence, and at most
 /// kMaxSplits splits. `blocks_without_split` is the grid of one split (batch × KV heads × row tiles).
-inline constexpr int kMinKeysPerSplit = 256;
+inline constexpr int kMinKeysPerSplit = 128;
 inline constexpr int kMaxSplits = 128;
 int split_rule(int64_t blocks_without_split, int max_seqlen, int sms, int blocks_per_sm);
 

@@ -25,14 +25,15 @@ namespace {
 
 constexpr int kMaxRequestedSplits = 4096;
 
-Step resolved(Step s) { return s == Step::Auto ? Step::Paged : s; }
+Step resolved(Step s) { return s == Step::Auto ? Step::TensorCores : s; }
 
 StepKernel attention_kernel(const DecodeProblem& p, Dtype dtype, Step step) {
   switch (resolved(step)) {
     case Step::OneBlock: return step_14a(p.head_dim, dtype);
     case Step::SplitKV: return step_14b(p.head_dim, dtype);
     case Step::GqaPacking: return step_14c(p.head_dim, dtype);
-    default: return step_14d(p.head_dim, dtype, p.paged());
+    case Step::Paged: return step_14d(p.head_dim, dtype, p.paged());
+    default: return step_14e(p.head_dim, dtype, p.paged());
   }
 }
 
@@ -46,6 +47,7 @@ std::pair<int, int> device_fill(const StepKernel& k) {
   auto it = known.find({k.fn, device});
   if (it != known.end()) return it->second;
   int sms = 0, per_sm = 0;
+  prepare_kernel(k);  // the dynamic shared-memory limit first: occupancy counts against it
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.threads, k.smem_bytes));
   return known[{k.fn, device}] = {sms, std::max(1, per_sm)};
@@ -70,9 +72,9 @@ void require_gpu_request(const DecodeProblem& p, Dtype dtype, const GpuOptions& 
     throw std::invalid_argument(who + ": head_dim = " + std::to_string(p.head_dim) +
                                 " is not supported by the CUDA steps (supported: 64, 128)");
   const Step s = resolved(options.step);
-  if (p.paged() && s != Step::Paged)
+  if (p.paged() && !reads_paged(s))
     throw std::invalid_argument(who + ": step " + step_name(s) + " reads a contiguous cache; block_size = " +
-                                std::to_string(p.block_size) + " is a paged one (use step 14d or auto)");
+                                std::to_string(p.block_size) + " is a paged one (use step 14d, 14e or auto)");
   if (options.splits < 0 || options.splits > kMaxRequestedSplits)
     throw std::invalid_argument(who + ": splits = " + std::to_string(options.splits) +
                                 " is not allowed (allowed: 0 = the split rule, or 1 to " +
@@ -102,10 +104,15 @@ LaunchPlan plan(const DecodeProblem& p, const GpuOptions& options) {
   const auto [sms, per_sm] = device_fill(attention_kernel(p, Dtype::BF16, plan.step));
   plan.sms = sms;
   const int64_t one_split = int64_t(p.batch) * p.kv_heads * plan.row_tiles;
-  if (plan.step == Step::OneBlock)
+  if (plan.step == Step::OneBlock) {
     plan.splits = 1;
-  else
-    plan.splits = options.splits > 0 ? options.splits : split_rule(one_split, p.max_seqlen(), sms, per_sm);
+  } else {
+    // 14e keeps kStages − 1 tiles of K and V in flight per block, enough for one block to
+    // draw an SM's share of the bandwidth: it splits for one block per SM (measured faster
+    // than two per SM, which halves each split and doubles the partials).
+    const int blocks_per_sm = plan.step == Step::TensorCores ? 1 : per_sm;
+    plan.splits = options.splits > 0 ? options.splits : split_rule(one_split, p.max_seqlen(), sms, blocks_per_sm);
+  }
   plan.blocks = (long long)(one_split * plan.splits);
   return plan;
 }

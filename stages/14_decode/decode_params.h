@@ -26,6 +26,7 @@ struct DecodeParams {
   int row_tiles;   ///< tiles of kTileRows packed rows per KV head (14c, 14d)
   int capacity;    ///< contiguous: tokens per sequence
   int block_size, num_blocks, blocks_per_seq;  ///< paged
+  float scale;       ///< the softmax scale
   float scale_log2;  ///< softmax scale · log2(e): scores in base 2, so exp2 replaces exp
   bool causal;
 };
@@ -43,6 +44,7 @@ inline DecodeParams params_of(const DecodeProblem& p) {
   params.block_size = p.block_size;
   params.num_blocks = p.num_blocks;
   params.blocks_per_seq = p.blocks_per_seq;
+  params.scale = p.softmax_scale();
   params.scale_log2 = p.softmax_scale() * 1.4426950408889634f;  // log2(e)
   params.causal = p.causal;
   return params;
@@ -52,7 +54,8 @@ inline DecodeParams params_of(const DecodeProblem& p) {
 StepKernel step_14a(int d, Dtype dtype);
 StepKernel step_14b(int d, Dtype dtype);
 StepKernel step_14c(int d, Dtype dtype);
-StepKernel step_14d(int d, Dtype dtype, bool paged);  ///< decode.cu: the final design, either cache layout
+StepKernel step_14d(int d, Dtype dtype, bool paged);  ///< decode.cu: either cache layout
+StepKernel step_14e(int d, Dtype dtype, bool paged);  ///< 14e_tensor_cores.cu: either cache layout
 StepKernel combine_kernel(int d, Dtype dtype);
 StepKernel append_kernel(int d);
 

@@ -262,4 +262,23 @@ struct ContiguousKeys {
   __device__ int64_t operator()(int64_t j) const { return base + j * D; }
 };
 
+/// A paged cache: key j of (sequence b, KV head hk) is row j % block_size of pool block
+/// table[b][j / block_size], whose KV head hk is a [block_size][d] slab. block_size is a
+/// power of two (DecodeProblem::validate), so / and % are a shift and a mask.
+template <int D>
+struct PagedKeys {
+  const int* table_row;  // [blocks_per_seq] sequence b's row of the block table
+  int hk, kv_heads, block_size, shift, num_blocks;
+  __device__ PagedKeys(const DecodeParams& p, int b, int hk_)
+      : table_row(p.block_table + int64_t(b) * p.blocks_per_seq), hk(hk_), kv_heads(p.kv_heads),
+        block_size(p.block_size), shift(0), num_blocks(p.num_blocks) {
+    while ((1 << shift) < block_size) ++shift;
+  }
+  __device__ int64_t operator()(int64_t j) const {
+    const int block = table_row[j >> shift];
+    if (block < 0 || block >= num_blocks) return -1;  // not in the pool: loads as zeros
+    return ((int64_t(block) * kv_heads + hk) * block_size + (j & (block_size - 1))) * D;
+  }
+};
+
 }  // namespace fa::stage14

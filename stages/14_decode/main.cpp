@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_flag("--cpu", cpu, "run the CPU split-KV step (default: a CUDA step)");
   app.add_option("--threads", cpu_options.threads, "CPU step: threads (0: the machine's)");
   app.add_option("--splits", splits, "key splits per sequence (0: the split rule; CPU: one per thread)");
-  app.add_option("--step", step_s, "CUDA step: auto, 14a, 14b, 14c, 14d")->capture_default_str();
+  app.add_option("--step", step_s, "CUDA step: auto, 14a, 14b, 14c, 14d, 14e")->capture_default_str();
   app.add_option("--dtype", dtype_s, "CUDA steps: bf16 or f16")->capture_default_str();
   app.add_flag("--append", append, "also check the KV append (contiguous or paged)");
   app.add_flag("--bench", bench, "time the decode (CUDA) and report the bandwidth");

@@ -14,25 +14,27 @@ std::string step_name(Step s) {
     case Step::SplitKV: return "14b";
     case Step::GqaPacking: return "14c";
     case Step::Paged: return "14d";
+    case Step::TensorCores: return "14e";
   }
   return "?";
 }
 
 Step parse_step(const std::string& name) {
-  for (Step s : {Step::Auto, Step::OneBlock, Step::SplitKV, Step::GqaPacking, Step::Paged})
+  for (Step s : {Step::Auto, Step::OneBlock, Step::SplitKV, Step::GqaPacking, Step::Paged, Step::TensorCores})
     if (name == step_name(s)) return s;
   throw std::invalid_argument(std::string(kStage) + ": step '" + name +
-                              "' is not a step (steps: auto, 14a, 14b, 14c, 14d)");
+                              "' is not a step (steps: auto, 14a, 14b, 14c, 14d, 14e)");
 }
 
 std::vector<int> gpu_head_dims() { return {64, 128}; }
 
 //! [split rule]
 int split_rule(int64_t blocks_without_split, int max_seqlen, int sms, int blocks_per_sm) {
-  // Enough blocks for every SM to hold `blocks_per_sm` of them: with fewer, SMs sit idle
-  // and their share of the memory bandwidth is lost (batch 1 × 8 KV heads is 8 blocks).
+  // As many blocks as the SMs hold at once (`blocks_per_sm` each), and no more: with fewer,
+  // SMs sit idle and their share of the memory bandwidth is lost (batch 1 × 8 KV heads is 8
+  // blocks); with more, the blocks past one wave run as a second, mostly empty wave.
   const int64_t want = int64_t(sms) * blocks_per_sm;
-  int64_t splits = (want + blocks_without_split - 1) / std::max<int64_t>(1, blocks_without_split);
+  int64_t splits = want / std::max<int64_t>(1, blocks_without_split);
   // No split shorter than kMinKeysPerSplit keys: a split's fixed costs (loading its queries,
   // writing a partial, the combine reading it back) must stay small against its keys.
   splits = std::min<int64_t>(splits, std::max(1, max_seqlen / kMinKeysPerSplit));
