@@ -76,26 +76,28 @@ struct CopyShape {
   static constexpr int kKeysPerThread = kBlockKeys / kRowsPerPass;
 };
 
-/// Where this thread's keys of the tile starting at key j0 live in the cache (element offsets
-/// of their rows), −1 for a key past key_end or whose block is not in the pool. For a paged
-/// cache this reads the block table: the kernel asks one tile ahead of the copies, so that
-/// the table's latency passes under a tile of arithmetic instead of in front of the copies.
+/// The block-table entries of this thread's keys of the tile starting at key j0 (nothing to
+/// read for a contiguous cache). The kernel reads them one tile ahead of the copies and uses
+/// them only then, so that the table's latency passes under a tile of arithmetic instead of
+/// in front of the copies.
 template <int D, class KeyRow>
-__device__ __forceinline__ void key_rows(int64_t (&row)[CopyShape<D>::kKeysPerThread], int64_t j0, int64_t key_end,
-                                         const KeyRow& key_row) {
+__device__ __forceinline__ void look_up(int (&entry)[CopyShape<D>::kKeysPerThread], int64_t j0, int64_t key_end,
+                                        const KeyRow& key_row) {
   using C = CopyShape<D>;
 #pragma unroll
   for (int i = 0; i < C::kKeysPerThread; ++i) {
     const int64_t j = j0 + threadIdx.x / C::kChunks + i * C::kRowsPerPass;
-    row[i] = j < key_end ? key_row(j) : -1;
+    entry[i] = j < key_end ? key_row.lookup(j) : -1;
   }
 }
 
-/// cp.async copies of one tile's K and V rows (`row` from key_rows) into one stage; a key
-/// with row −1 is zero-filled (a 0-byte copy, from the cache's first row, which exists).
-template <class T, int D>
-__device__ __forceinline__ void load_keys(uint32_t k_tile, uint32_t v_tile, const DecodeParams& p,
-                                          const int64_t (&row)[CopyShape<D>::kKeysPerThread]) {
+/// cp.async copies of the K and V rows of the tile starting at key j0 (table entries from
+/// look_up) into one stage; a key past key_end or whose block is not in the pool is
+/// zero-filled (a 0-byte copy, from the cache's first row, which exists).
+template <class T, int D, class KeyRow>
+__device__ __forceinline__ void load_keys(uint32_t k_tile, uint32_t v_tile, const DecodeParams& p, int64_t j0,
+                                          int64_t key_end, const KeyRow& key_row,
+                                          const int (&entry)[CopyShape<D>::kKeysPerThread]) {
   using C = CopyShape<D>;
   const T* K = static_cast<const T*>(p.K_cache);
   const T* V = static_cast<const T*>(p.V_cache);
@@ -103,10 +105,12 @@ __device__ __forceinline__ void load_keys(uint32_t k_tile, uint32_t v_tile, cons
 #pragma unroll
   for (int i = 0; i < C::kKeysPerThread; ++i) {
     const int key = threadIdx.x / C::kChunks + i * C::kRowsPerPass;
-    const int64_t at = row[i] >= 0 ? row[i] + chunk * 8 : 0;
+    const int64_t j = j0 + key;
+    const int64_t row = j < key_end ? key_row.row(j, entry[i]) : -1;
+    const int64_t at = row >= 0 ? row + chunk * 8 : 0;
     const uint32_t offset = 2u * uint32_t(stage08::smem_offset(key, chunk, D, kLayout));
-    cp_async_16(k_tile + offset, K + at, row[i] >= 0 ? 16 : 0);
-    cp_async_16(v_tile + offset, V + at, row[i] >= 0 ? 16 : 0);
+    cp_async_16(k_tile + offset, K + at, row >= 0 ? 16 : 0);
+    cp_async_16(v_tile + offset, V + at, row >= 0 ? 16 : 0);
   }
 }
 
@@ -140,15 +144,16 @@ __global__ void __launch_bounds__(kMmaThreads, 2) decode_14e(const DecodeParams 
     }
   }
   const int tiles = end > begin ? int((end - begin + kBlockKeys - 1) / kBlockKeys) : 0;
-  int64_t rows_ahead[CopyShape<D>::kKeysPerThread];  // the cache rows of the next tile to copy
+  int ahead[CopyShape<D>::kKeysPerThread];  // block-table entries of the next tile to copy
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) {
-      key_rows<D>(rows_ahead, begin + int64_t(s) * kBlockKeys, end, key_row);
-      load_keys<T, D>(Smem::k(base, s), Smem::v(base, s), p, rows_ahead);
+      const int64_t j0 = begin + int64_t(s) * kBlockKeys;
+      look_up<D>(ahead, j0, end, key_row);
+      load_keys<T, D>(Smem::k(base, s), Smem::v(base, s), p, j0, end, key_row, ahead);
     }
     cp_async_commit();  // one group per stage, empty or not: wait<kStages − 2> counts them
   }
-  if (kStages - 1 < tiles) key_rows<D>(rows_ahead, begin + int64_t(kStages - 1) * kBlockKeys, end, key_row);
+  if (kStages - 1 < tiles) look_up<D>(ahead, begin + int64_t(kStages - 1) * kBlockKeys, end, key_row);
 
   // Keys this lane's two rows see: [begin, visible) — causal among the new tokens. Padding
   // rows see everything (their zero queries give finite scores nobody reads).
@@ -175,8 +180,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2) decode_14e(const DecodeParams 
     __syncthreads();  // tile n (and Q) landed for every thread; every warp is done with tile n − 1
     if (n + kStages - 1 < tiles) {
       const int s = (n + kStages - 1) % kStages;
-      load_keys<T, D>(Smem::k(base, s), Smem::v(base, s), p, rows_ahead);
-      if (n + kStages < tiles) key_rows<D>(rows_ahead, begin + int64_t(n + kStages) * kBlockKeys, end, key_row);
+      load_keys<T, D>(Smem::k(base, s), Smem::v(base, s), p, begin + int64_t(n + kStages - 1) * kBlockKeys, end,
+                      key_row, ahead);
+      if (n + kStages < tiles) look_up<D>(ahead, begin + int64_t(n + kStages) * kBlockKeys, end, key_row);
     }
     cp_async_commit();
     if (n == 0) {

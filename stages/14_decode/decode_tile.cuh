@@ -260,6 +260,9 @@ struct ContiguousKeys {
   __device__ ContiguousKeys(const DecodeParams& p, int b, int hk)
       : base((int64_t(b) * p.kv_heads + hk) * p.capacity * D) {}
   __device__ int64_t operator()(int64_t j) const { return base + j * D; }
+  // In two halves (14e): nothing to look up, then the row.
+  __device__ int lookup(int64_t) const { return 0; }
+  __device__ int64_t row(int64_t j, int) const { return base + j * D; }
 };
 
 /// A paged cache: key j of (sequence b, KV head hk) is row j % block_size of pool block
@@ -274,8 +277,10 @@ struct PagedKeys {
         block_size(p.block_size), shift(0), num_blocks(p.num_blocks) {
     while ((1 << shift) < block_size) ++shift;
   }
-  __device__ int64_t operator()(int64_t j) const {
-    const int block = table_row[j >> shift];
+  __device__ int64_t operator()(int64_t j) const { return row(j, lookup(j)); }
+  // In two halves (14e): the table read, whose latency the caller hides, then the row.
+  __device__ int lookup(int64_t j) const { return table_row[j >> shift]; }
+  __device__ int64_t row(int64_t j, int block) const {
     if (block < 0 || block >= num_blocks) return -1;  // not in the pool: loads as zeros
     return ((int64_t(block) * kv_heads + hk) * block_size + (j & (block_size - 1))) * D;
   }
