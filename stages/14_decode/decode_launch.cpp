@@ -108,9 +108,11 @@ LaunchPlan plan(const DecodeProblem& p, const GpuOptions& options) {
     plan.splits = 1;
   } else {
     // 14e keeps kStages − 1 tiles of K and V in flight per block, enough for one block to
-    // draw an SM's share of the bandwidth: it splits for one block per SM (measured faster
-    // than two per SM, which halves each split and doubles the partials).
-    const int blocks_per_sm = plan.step == Step::TensorCores ? 1 : per_sm;
+    // draw an SM's share of the bandwidth from a contiguous cache: it splits for one block
+    // per SM (measured faster than two, which halves each split and doubles the partials).
+    // From a paged cache two per SM: each block's copies wait on its block-table reads, and
+    // the other block's copies fill those waits.
+    const int blocks_per_sm = plan.step != Step::TensorCores ? per_sm : p.paged() ? 2 : 1;
     plan.splits = options.splits > 0 ? options.splits : split_rule(one_split, p.max_seqlen(), sms, blocks_per_sm);
   }
   plan.blocks = (long long)(one_split * plan.splits);
