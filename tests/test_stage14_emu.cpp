@@ -10,7 +10,7 @@
 #include "14c_gqa_packing.cu"
 #include "append_kv.cu"
 #include "combine.cu"
-#include "decode.cu"
+#include "14d_paged.cu"
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

@@ -41,7 +41,7 @@ int cpu_splits(const CpuOptions& options);
 
 // ---------------------------------------------------------------- the CUDA steps
 
-/// The CUDA steps, in reading order; Auto is the final design (decode.cu, step 14d).
+/// The CUDA steps, in reading order; Auto is the final design (decode.cu, step 14e).
 enum class Step { Auto = 0, OneBlock = 1, SplitKV = 2, GqaPacking = 3, Paged = 4, TensorCores = 5 };
 /// "14a", "14b", "14c", "14d" ("auto" for Auto); parse_step takes those names back.
 std::string step_name(Step s);

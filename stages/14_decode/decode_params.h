@@ -54,8 +54,8 @@ inline DecodeParams params_of(const DecodeProblem& p) {
 StepKernel step_14a(int d, Dtype dtype);
 StepKernel step_14b(int d, Dtype dtype);
 StepKernel step_14c(int d, Dtype dtype);
-StepKernel step_14d(int d, Dtype dtype, bool paged);  ///< decode.cu: either cache layout
-StepKernel step_14e(int d, Dtype dtype, bool paged);  ///< 14e_tensor_cores.cu: either cache layout
+StepKernel step_14d(int d, Dtype dtype, bool paged);  ///< 14d_paged.cu: either cache layout
+StepKernel step_14e(int d, Dtype dtype, bool paged);  ///< decode.cu, the final design: either cache layout
 StepKernel combine_kernel(int d, Dtype dtype);
 StepKernel append_kernel(int d);
 
