@@ -7,7 +7,7 @@
 ///     ...solution code...
 ///     // LAB END
 ///
-/// `scripts/make_lab.py` replaces each region with its hint and `FA_LAB_TODO("05", "online update");`.
+/// `scripts/lab/make_lab.py` replaces each region with its hint and `FA_LAB_TODO("05", "online update");`.
 #pragma once
 
 #include <stdexcept>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Figures of the notes that no measurement produces, drawn from code so that they stay
-exact (the measured figures are scripts/plot_results.py's):
+exact (the measured figures are scripts/results/plot_results.py's):
 
     docs/figures.py           writes docs/figures/causal_tiles.svg
     docs/figures.py --check   exit 1 if the committed file differs from what this draws

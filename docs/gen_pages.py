@@ -9,7 +9,7 @@
           pages/results.md        the results page: summary, figures, GPU check, a link to
                                   every CSV and log (the docs target copies docs/results/
                                   into the site as results/)
-          images/*.svg            docs/results/figures/*.svg (scripts/plot_results.py draws
+          images/*.svg            docs/results/figures/*.svg (scripts/results/plot_results.py draws
                                   them; a figure drawn from other data than the committed
                                   CSVs stops the build here)
           images/causal_tiles.svg docs/figures/*.svg (docs/figures.py draws them)
@@ -173,13 +173,13 @@ def stages_page(stages) -> str:
 
 
 # ----------------------------------------------------------------------------- results
-# The figures are drawn by scripts/plot_results.py (matplotlib) and committed as SVG under
+# The figures are drawn by scripts/results/plot_results.py (matplotlib) and committed as SVG under
 # docs/results/figures/; the summary table and the figures' data come from
-# scripts/results_data.py, which this script imports (standard library only).
+# scripts/results/results_data.py, which this script imports (standard library only).
 DIGEST_RE = re.compile(r"inputs ([0-9a-f]{16})")
 
 def results_data(repo: Path):
-    sys.path.insert(0, str(repo / "scripts"))
+    sys.path.insert(0, str(repo / "scripts" / "results"))
     import results_data as rd  # noqa: E402  (found through the path above)
     return rd
 
@@ -198,13 +198,13 @@ def check_figures(repo: Path, rd):
     errors, digest = [], rd.inputs_digest(repo / "docs" / "results")
     folder = repo / "docs" / "results" / "figures"
     if not (folder / "roofline.svg").exists() or not list(folder.glob("speed_*.svg")):
-        errors.append(f"{folder} lacks roofline.svg or speed_*.svg: run scripts/plot_results.py")
+        errors.append(f"{folder} lacks roofline.svg or speed_*.svg: run scripts/results/plot_results.py")
     for path in sorted(folder.glob("*.svg")):
         m = DIGEST_RE.search(path.read_text(encoding="utf-8")[:4000])
         if not m or m.group(1) != digest:
             errors.append(f"{path} was drawn from other data than docs/results/{{"
                           f"{', '.join(rd.stage_files(repo / 'docs' / 'results') + [rd.ANCHORS])}}}: "
-                          f"run scripts/plot_results.py and commit the figures")
+                          f"run scripts/results/plot_results.py and commit the figures")
     return errors
 
 
@@ -232,7 +232,7 @@ def results_page(tables, repo: Path, rd) -> str:
     ceil = rd.ceilings(results)
     out = ["# Measured results {#results}", "",
            "Every number and figure on this page comes from the CSVs committed under "
-           "`docs/results/`: the figures are drawn from them by `scripts/plot_results.py`, the "
+           "`docs/results/`: the figures are drawn from them by `scripts/results/plot_results.py`, the "
            "files are linked at the end of the page. Notebook 4 (`notebooks/04_performance.ipynb`) "
            "draws the same figures.", "",
            "## Summary", "",
@@ -271,7 +271,7 @@ def results_page(tables, repo: Path, rd) -> str:
         text = check.read_text(encoding="utf-8")
         first = text.splitlines()[0].strip("= ") if text.strip() else ""
         out += ["## The last GPU check", "",
-                "`scripts/gpu_check.sh` builds for sm_90, runs every test, the compute-sanitizer "
+                "`scripts/gpu/check.sh` builds for sm_90, runs every test, the compute-sanitizer "
                 "tools over the GPU tests and the benchmark sweep, and writes a summary "
                 f"(`docs/results/{check.name}`; {md_escape(first)}):", ""]
         own = re.search(r"share of the bf16 GEMM rate \(([0-9.]+) TFLOP/s\)", text)
@@ -368,7 +368,7 @@ def cmd_pages(args) -> int:
     import figures  # docs/figures.py, beside this script
     errors = check_figures(repo, rd) + [f"docs/figures/{n} is not what docs/figures.py draws: run "
                                         f"python3 docs/figures.py and commit it" for n in figures.stale()]
-    errors += [f"{rel}: its summary table differs from the CSVs': run scripts/plot_results.py and "
+    errors += [f"{rel}: its summary table differs from the CSVs': run scripts/results/plot_results.py and "
                f"commit it" for rel in rd.stale_summaries(repo)]
     errors += write_notes(repo, out, stages, input_names(repo))
     import notebook_pages  # docs/notebook_pages.py, beside this script

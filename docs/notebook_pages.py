@@ -88,7 +88,7 @@ def notebook_markdown(path: Path, images: Path) -> tuple[str, list[str]]:
         raise ValueError("the first cell must begin with a '# ' title")
     lines[0] = f'{lines[0]} <a id="{page_label(path)}"></a>'
     lines[1:1] = ["", f"*This page is `{rel}` with the outputs it was committed with; "
-                      f"`scripts/run_notebooks.sh` runs it (a Jupyter kernel can too).*", ""]
+                      f"`scripts/dev/run_notebooks.sh` runs it (a Jupyter kernel can too).*", ""]
     return "\n".join(lines).rstrip("\n") + "\n", figures
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The two halves of the format, re-exported: callers (docs/gen_pages.py, tests/check_docs.py,
-# scripts/make_lab.py) import this module only.
+# scripts/lab/make_lab.py) import this module only.
 from notes_tree import (DOXYGEN_ONLY_RE, SOURCE_EXTS, Note, NoteError, Tree, note_files,  # noqa: E402,F401
                         read_note, split_fences, strip_code, sync_text)
 from notes_doxygen import migrate_text, to_doxygen  # noqa: E402,F401
@@ -79,7 +79,7 @@ LAB_BEGIN_RE = re.compile(r"^\s*//\s*LAB BEGIN:\s*(.+?)\s+(?:—|-)\s+hint:", re
 
 
 # The shared device layers belong to the lab of the stage that introduces them (as in
-# scripts/make_lab.py's LAYER_STAGES).
+# scripts/lab/make_lab.py's LAYER_STAGES).
 LAYER_STAGES = {"common/sm80": "08", "common/hopper": "10"}
 
 
@@ -144,7 +144,7 @@ def check_note(tree: Tree, note: Note) -> list[str]:
         # A lab tree's notes quote the stubs it was made with, not the student's code.
         lab_tree = (tree.repo / ".lab.json").is_file()
         fresh = note.text if lab_tree else sync_text(note.text, note.path, tree)
-        # A lab tree quotes its stubs with their marker lines (scripts/make_lab.py).
+        # A lab tree quotes its stubs with their marker lines (scripts/lab/make_lab.py).
         if fresh != note.text and sync_text(note.text, note.path, tree, keep_lab_markers=True) == note.text:
             fresh = note.text
         if fresh != note.text:

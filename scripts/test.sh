@@ -26,10 +26,10 @@ done
 select=()
 if ((quick == 0)); then
   build="$root/build"
-  "$root/scripts/setup.sh" "$build"
+  "$root/scripts/setup/setup.sh" "$build"
 else
   build="$root/build-quick"
-  "$root/scripts/setup.sh" --quick "$build"
+  "$root/scripts/setup/setup.sh" --quick "$build"
 fi
 if [ -n "$stage" ] || ((quick == 1)); then
   if [ -n "$stage" ]; then

@@ -23,7 +23,7 @@ passing run's 1e-6; the checks of the cases it does not touch still passed):
   - Ulysses' zigzag reorder left out on the way in (kept on the way back).
 
 Runs as a script (CTest python_distributed; exit 77 = skipped without torch, torch.distributed
-or gloo) or under pytest. No GPU is needed; the NCCL side is scripts/bench_distributed.py.
+or gloo) or under pytest. No GPU is needed; the NCCL side is scripts/bench/bench_distributed.py.
 """
 import math
 import os

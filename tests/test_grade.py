@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unit tests of scripts/grade.py's summary (CTest: grade_summary), on JUnit reports written
+"""Unit tests of scripts/lab/grade.py's summary (CTest: grade_summary), on JUnit reports written
 here: a failing stage shows its case and every comparison line; a stage whose forward is
 graded alone gets a line per part; a test the build has but the run did not select reads
 "not selected", one the build lacks "not built here"; --expect-not-implemented counts the
@@ -10,7 +10,7 @@ import unittest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "lab"))
 import grade  # noqa: E402
 
 FAILING_05 = """[doctest] ...

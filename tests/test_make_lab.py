@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unit tests of the lab generator (scripts/make_lab.py).
+"""Unit tests of the lab generator (scripts/lab/make_lab.py).
 
     python3 tests/test_make_lab.py        (exit 0 when every test passes)
 
@@ -20,7 +20,7 @@ import unittest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "lab"))
 import make_lab  # noqa: E402
 from make_lab import LabError, parse_regions  # noqa: E402
 
@@ -277,7 +277,7 @@ class Tree(unittest.TestCase):
         self.assertIn('#include "lab.h"', y)
         self.assertFalse((self.out / "build/junk.o").exists())
         t = (self.out / "scripts/test.sh")
-        self.assertIn('python3 "$root/scripts/grade.py" --build-dir . -- --output-on-failure "$@"', t.read_text())
+        self.assertIn('python3 "$root/scripts/lab/grade.py" --build-dir . -- --output-on-failure "$@"', t.read_text())
         self.assertTrue(os.access(t, os.X_OK))
 
     def test_regenerating_writes_only_what_changed(self):
@@ -403,7 +403,7 @@ class Tree(unittest.TestCase):
 
     def test_the_command_line_reports_file_and_line(self):
         (self.repo / "stages/05_x/x.cpp").write_text(sub(GOOD, "    // LAB END\n", ""))
-        r = subprocess.run([sys.executable, str(ROOT / "scripts/make_lab.py"), "--repo", str(self.repo),
+        r = subprocess.run([sys.executable, str(ROOT / "scripts/lab/make_lab.py"), "--repo", str(self.repo),
                             "--out", str(self.out)], capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("stages/05_x/x.cpp:8:", r.stderr)

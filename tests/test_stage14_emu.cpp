@@ -1,8 +1,8 @@
 // Stage 14's CUDA kernels, unchanged, run on CPU threads (tests/emu/cuda_emu.h): every step
 // but 14e (its tensor-core instructions have no emulation), the combine, the paged cache and
 // the append against the reference, on machines without a GPU (CI). A block is 128 threads
-// meeting at real barriers, so the cases are small; what the emulator cannot see (races, cp.async timing) is for compute-sanitizer on a GPU
-// (scripts/gpu_stage14.sh).
+// meeting at real barriers, so the cases are small; what the emulator cannot see (races,
+// cp.async timing) is for compute-sanitizer on a GPU (scripts/gpu/stage14.sh).
 #include "cuda_emu.h"  // first: it replaces CUDA's built-in variables and qualifiers
 
 #include "14a_one_block.cu"

@@ -20,7 +20,7 @@
 // serial mode bitwise equal to the overlapped one.
 //
 // Run: ./build/stages/12_ring_attention/bench12 --ranks 1,2 --seq 32768,65536 --csv out.csv
-//      (scripts/gpu_stage12_scaling.sh runs the whole sweep on a multi-GPU machine)
+//      (scripts/gpu/stage12_scaling.sh runs the whole sweep on a multi-GPU machine)
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -106,7 +106,7 @@ std::string self_check(const Problem& big, const s12::GpuConfig& c, Dtype t, std
   return "";
 }
 
-// ---- the CSV (the columns of scripts/bench_gpu.py where they mean the same, then the ring's)
+// ---- the CSV (the columns of scripts/bench/bench_gpu.py where they mean the same, then the ring's)
 
 const char* kColumns =
     "device,gpus,commit,date,what,pass,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,causal,ranks,split,"
