@@ -387,7 +387,7 @@ TEST_SUITE("cpu") {
         CHECK(k.fn != nullptr);
         CHECK(k.fn != steps[i](d, fa::Dtype::BF16, false).fn);  // causal and plain instances
         CHECK(k.block_rows == (i == 0 ? 64 : 64 * consumers));
-        CHECK(k.block_cols == (d == 256 ? 64 : 128));
+        CHECK(k.block_cols == (d == 256 ? 80 : 128));
         CHECK(k.stages == (i == 0 || d != 64 ? 2 : 4));
         CHECK(k.threads == (i == 0 ? 128 : 128 * (1 + consumers)));
         CHECK(k.persistent == (i >= 4));

@@ -12,7 +12,7 @@ import pathlib
 # the O += P·V products use rs with N = d (stage 10's tile sizes, traits.h). "tt" is ss with
 # both operands MN-major (transposed): stage 11's dQ = dS·K reads dSᵀ and K as they lie in
 # shared memory.
-SHAPES = [("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256), ("tt", 64), ("tt", 128)]
+SHAPES = [("ss", 64), ("ss", 80), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256), ("tt", 64), ("tt", 128)]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 
