@@ -7,7 +7,9 @@
 #
 #   (default)   stage 08's forward (at d = 128 each tile, q_regs and q_smem_wide) and stage 09's
 #               backward, beside FlashAttention-2 (SDPA's flash backend), forward and backward
-#   --stage 11  stage 11's backward, steps 11b and 11c, beside cuDNN's (SDPA's cuDNN backend)
+#   --stage 11  stage 11's backward, steps 11c and 11d (the default), beside cuDNN's (SDPA's
+#               cuDNN backend)
+#   env FA_NCU_CAUSAL=1: the causal mask on both sides (default: none)
 #
 # BUILD holds the stage programs (scripts/gpu/check.sh builds them in build-gpu,
 # scripts/gpu/stage_loop.sh 11 builds stage11). The clocks are left alone (--clock-control
@@ -18,6 +20,9 @@ STAGE=08,09
 if [[ ${1:-} == --stage ]]; then STAGE=$2; shift 2; fi
 BUILD=$1 OUT=$2 D=${3:-128} N=${4:-4096}
 B=$((16384 / N)) H=$((2048 / D))
+CAUSAL=${FA_NCU_CAUSAL:-0}
+causal_flag=(); [[ $CAUSAL == 1 ]] && causal_flag=(--causal)
+is_causal=False; [[ $CAUSAL == 1 ]] && is_causal=True
 for dir in /usr/local/cuda/bin; do [[ -d $dir ]] && PATH=$PATH:$dir; done
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
           --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats
@@ -36,14 +41,15 @@ q, k, v, do = (torch.randn($B, $H, $N, $D, device="cuda", dtype=torch.bfloat16) 
 for t in (q, k, v): t.requires_grad_(True)
 with sdpa_kernel(SDPBackend.$backend):
     for _ in range(3):
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=$is_causal)
         o.backward(do)
 torch.cuda.synchronize()
 PY
   ncu_run "$name" "$regex" "$count" -- python3 "$OUT/sdpa_$name.py"
   rm -f "$OUT/sdpa_$name.py"
 }
-shape=(--batch "$B" --heads "$H" --kv-heads "$H" --seq-q "$N" --seq-k "$N" --head-dim "$D" --dtype bf16 --no-check --bench --repeat 2)
+shape=(--batch "$B" --heads "$H" --kv-heads "$H" --seq-q "$N" --seq-k "$N" --head-dim "$D" --dtype bf16 --no-check --bench --repeat 2
+       ${causal_flag[@]+"${causal_flag[@]}"})
 case $STAGE in
   08,09)
     tiles=(q_regs); [[ $D == 128 ]] && tiles=(q_regs q_smem_wide)
@@ -54,7 +60,7 @@ case $STAGE in
     ncu_run bwd_stage09 dkdv_kernel 1 -- "$BUILD/stages/09_tensor_core_bwd/stage09" "${shape[@]}" --backward
     sdpa_run fa2 FLASH_ATTENTION "flash_fwd_kernel|flash_bwd_dq_dk_dv" 2 ;;
   11)
-    for step in 11b 11c; do
+    for step in 11c 11d; do
       ncu_run "stage$step" "bwd_$step" 1 -- "$BUILD/stages/11_hopper_bwd/stage11" "${shape[@]}" --backward --step "$step"
     done
     # cuDNN's kernels have generated names: every launch after the first forward is profiled;
