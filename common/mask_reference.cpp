@@ -186,4 +186,27 @@ MaskedReference reference_backward_masked(const Problem& p, const Modifiers& m, 
   return dispatch(p, m, Q, K, V, dO, mode);
 }
 
+CheckReport compare_masked(const Problem& p, const Modifiers& m, const Tensors& t, bool backward,
+                           const float* dsinks) {
+  const auto ref = [&](RefMode mode) {
+    return backward ? reference_backward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode)
+                    : reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), mode);
+  };
+  const MaskedReference exact = ref(RefMode::Exact), f32 = ref(RefMode::F32);
+  const Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, kv{p.batch, p.kv_heads, p.seq_k, p.head_dim};
+  CheckReport r;
+  const auto add = [&](const char* name, const float* got, std::vector<double> MaskedReference::*x, Shape4 shape) {
+    r.items.push_back(compare(name, got, exact.*x, shape, tolerance(exact.*x, f32.*x, Dtype::F32)));
+  };
+  add("O", t.O.data(), &MaskedReference::O, q);
+  add("L", t.L.data(), &MaskedReference::L, {p.batch, p.heads, p.seq_q, 1});
+  if (backward) {
+    add("dQ", t.dQ.data(), &MaskedReference::dQ, q);
+    add("dK", t.dK.data(), &MaskedReference::dK, kv);
+    add("dV", t.dV.data(), &MaskedReference::dV, kv);
+    if (dsinks && !m.sinks.empty()) add("dsinks", dsinks, &MaskedReference::dsinks, {1, 1, 1, p.heads});
+  }
+  return r;
+}
+
 }  // namespace fa

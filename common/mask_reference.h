@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "check.h"
 #include "modifiers.h"
 #include "reference.h"
+#include "tensors.h"
 
 namespace fa {
 
@@ -37,5 +39,11 @@ MaskedReference reference_forward_masked(const Problem& p, const Modifiers& m, c
 /// Soft-capping's derivative enters dS: ∂(cap·tanh(s/cap))/∂s = 1 − tanh²(s/cap).
 MaskedReference reference_backward_masked(const Problem& p, const Modifiers& m, const float* Q, const float* K,
                                           const float* V, const float* dO, RefMode mode = RefMode::Exact);
+
+/// Compares t.O, t.L (and with `backward` t.dQ, t.dK, t.dV, and `dsinks` when m has sinks
+/// and it is not null) with the exact masked reference, each allowed twice the error of the
+/// F32 mode plus the floor (compare.h's policy, with the F32 baseline).
+CheckReport compare_masked(const Problem& p, const Modifiers& m, const Tensors& t, bool backward,
+                           const float* dsinks = nullptr);
 
 }  // namespace fa

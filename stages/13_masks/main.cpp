@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "compare.h"
 #include "driver.h"
 #include "errors.h"
 #include "mask_reference.h"
@@ -28,19 +26,6 @@ namespace fa::stage13 {
 const OptionTable& options();  // register.cpp
 Config current_config();
 }  // namespace fa::stage13
-
-namespace {
-
-fa::Shape4 q_shape(const fa::Problem& p) { return {p.batch, p.heads, p.seq_q, p.head_dim}; }
-fa::Shape4 kv_shape(const fa::Problem& p) { return {p.batch, p.kv_heads, p.seq_k, p.head_dim}; }
-
-// One tensor against the exact reference, with the budget of the fp32 baseline (compare.h).
-fa::Comparison check(const char* name, const float* got, const std::vector<double>& exact,
-                     const std::vector<double>& f32, fa::Shape4 shape) {
-  return fa::compare(name, got, exact, shape, fa::tolerance(exact, f32, fa::Dtype::F32));
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   const std::string program = s13::kStageName;
@@ -120,32 +105,10 @@ int main(int argc, char** argv) {
     if (backward) std::printf("backward  %s (dK/dV pass + dQ pass)\n", bwd.describe().c_str());
     if (no_check) return fa::kExitPass;
 
-    std::vector<fa::Comparison> items;
-    if (!backward) {
-      const fa::MaskedReference exact = fa::reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data());
-      const fa::MaskedReference f32 =
-          fa::reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F32);
-      items.push_back(check("O", t.O.data(), exact.O, f32.O, q_shape(p)));
-      items.push_back(check("L", t.L.data(), exact.L, f32.L, {p.batch, p.heads, p.seq_q, 1}));
-    } else {
-      const auto ref = [&](fa::RefMode mode) {
-        return fa::reference_backward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode);
-      };
-      const fa::MaskedReference exact = ref(fa::RefMode::Exact), f32 = ref(fa::RefMode::F32);
-      items.push_back(check("O", t.O.data(), exact.O, f32.O, q_shape(p)));
-      items.push_back(check("L", t.L.data(), exact.L, f32.L, {p.batch, p.heads, p.seq_q, 1}));
-      items.push_back(check("dQ", t.dQ.data(), exact.dQ, f32.dQ, q_shape(p)));
-      items.push_back(check("dK", t.dK.data(), exact.dK, f32.dK, kv_shape(p)));
-      items.push_back(check("dV", t.dV.data(), exact.dV, f32.dV, kv_shape(p)));
-      if (sinks) items.push_back(check("dsinks", dsinks.data(), exact.dsinks, f32.dsinks, {1, 1, 1, p.heads}));
-    }
-    bool pass = true;
-    for (const auto& c : items) {
-      std::printf("%s\n", c.summary().c_str());
-      pass = pass && c.pass;
-    }
-    std::printf("result %s\n", pass ? "PASS" : "FAIL");
-    return pass ? fa::kExitPass : fa::kExitCheckFailed;
+    const fa::CheckReport report = fa::compare_masked(p, m, t, backward, dsinks.data());
+    std::printf("%s", report.summary().c_str());
+    std::printf("result %s\n", report.pass() ? "PASS" : "FAIL");
+    return report.pass() ? fa::kExitPass : fa::kExitCheckFailed;
   } catch (const std::invalid_argument& e) {
     std::cerr << e.what() << "\n";
     return fa::kExitBadInput;
