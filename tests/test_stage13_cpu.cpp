@@ -229,7 +229,7 @@ TEST_CASE("the masked reference's mask follows the definitions; its backward mat
   }
 }
 
-TEST_CASE("the block mask: keep() is the definition, and every tile is classified right") {
+TEST_CASE("the block mask: keep() is the definition and every tile is classified right") {
   for (const auto& [p, m] : mask_cases()) {
     const s13::BlockMask mask(p, m);
     INFO(p.describe(), " | ", m.describe());
