@@ -109,11 +109,7 @@ int main(int argc, char** argv) {
     std::printf("%s", report.summary().c_str());
     std::printf("result %s\n", report.pass() ? "PASS" : "FAIL");
     return report.pass() ? fa::kExitPass : fa::kExitCheckFailed;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << e.what() << "\n";
-    return fa::kExitBadInput;
-  } catch (const std::exception& e) {
-    std::cerr << program << ": " << e.what() << "\n";
-    return fa::kExitRuntimeError;
+  } catch (...) {
+    return fa::report_failure(program, std::current_exception());
   }
 }
