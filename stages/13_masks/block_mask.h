@@ -63,16 +63,16 @@ class BlockMask {
   // The tile of rows [r0, r0 + rows) and keys [c0, c0 + cols).
   TileKind classify(int64_t r0, int64_t rows, int64_t c0, int64_t cols) const {
     const int64_t c1 = c0 + cols, r_last = r0 + rows - 1;
-    // LAB BEGIN: classify a tile — hint: full when the last row's keys start at or before c0 and the first row's end at or after c1; skip when no row reaches the tile: r_a = first_row_ending_after(r0, r_last + 1, c0) is past r_last, or keys(r_a).lo >= c1; partial otherwise
     // Full: the last row starts seeing at or before c0, the first row sees up to c1 or later
     // (lo and hi grow with the row, so every row in between sees the whole tile).
     if (keys(r_last).lo <= c0 && keys(r0).hi >= c1) return TileKind::Full;
+    // LAB BEGIN: the skip test of a tile — hint: the rows whose keys end after c0 start at r_a = first_row_ending_after(r0, r_last + 1, c0); skip when r_a is past r_last or keys(r_a).lo >= c1 (lo grows with the row)
     // Skip: no row sees a key in [c0, c1). The rows whose interval ends after c0 are those
     // from the first with hi > c0; of them the first starts seeing earliest.
     const int64_t r_a = first_row_ending_after(r0, r_last + 1, c0);
     if (r_a > r_last || keys(r_a).lo >= c1) return TileKind::Skip;
-    return TileKind::Partial;
     // LAB END
+    return TileKind::Partial;
   }
   //! [block mask]
 
@@ -130,21 +130,23 @@ struct Score {
   float slope = 0;  // this head's ALiBi slope (kAlibi)
 
   float value(float s, int64_t distance) const {
-    // LAB BEGIN: soft-cap forward — hint: under kSoftcap, s = cap·tanh(s/cap); then under kAlibi, s += slope·distance; return s
-    if constexpr (kSoftcap) s = cap * std::tanh(s / cap);
+    if constexpr (kSoftcap) {
+      // LAB BEGIN: soft-cap forward — hint: s = cap·tanh(s/cap)
+      s = cap * std::tanh(s / cap);
+      // LAB END
+    }
     if constexpr (kAlibi) s += slope * float(distance);
     return s;
-    // LAB END
   }
-  float derivative(float s) const {
-    // LAB BEGIN: soft-cap backward — hint: under kSoftcap, t = tanh(s/cap) and ∂s'/∂s = 1 − t²; otherwise 1 (ALiBi adds a constant)
+  float derivative([[maybe_unused]] float s) const {
     if constexpr (kSoftcap) {
+      // LAB BEGIN: soft-cap backward — hint: ∂s'/∂s = 1 − tanh²(s/cap)
       const float t = std::tanh(s / cap);
       return 1.0f - t * t;
+      // LAB END
     } else {
       return 1.0f;
     }
-    // LAB END
   }
 };
 //! [score modifiers]
