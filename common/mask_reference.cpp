@@ -57,6 +57,8 @@ MaskedReference run(const Problem& p, const Modifiers& mods, const float* Q, con
     if (sinks) r.dsinks.assign(size_t(p.heads), 0.0);
   }
   if (Nq == 0) return r;
+  // dσ_h summed in Scalar, row after row: the F32 baseline adds as a plain fp32 loop does.
+  std::vector<Scalar> dsink(static_cast<size_t>(p.heads), Scalar(0));
 
   // The mask and the diagonal do not depend on the head: decide them once per element.
   std::vector<char> keep(static_cast<size_t>(Nq * Nk));
@@ -130,7 +132,7 @@ MaskedReference run(const Problem& p, const Modifiers& mods, const float* Q, con
         dV_acc += P.transpose() * dOh;
         for (int64_t i = 0; i < Nq; ++i) {
           r.D[size_t(p.l_offset(b, h, i))] = double(D(i));
-          if (sinks && std::isfinite(L(i))) r.dsinks[size_t(h)] -= double(std::exp(sigma - L(i)) * D(i));
+          if (sinks && std::isfinite(L(i))) dsink[size_t(h)] -= std::exp(sigma - L(i)) * D(i);
         }
       }
       if (backward) {
@@ -139,6 +141,7 @@ MaskedReference run(const Problem& p, const Modifiers& mods, const float* Q, con
       }
     }
   }
+  for (size_t h = 0; h < r.dsinks.size(); ++h) r.dsinks[h] = double(dsink[h]);
   return r;
 }
 

@@ -290,6 +290,26 @@ TEST_CASE("every modifier and combination, forward and backward, against the ref
   }
 }
 
+TEST_CASE("the shape matrix of docs/design.md section 6 under the modifiers together") {
+  // Every shape of the shared matrix (tails, N_q ≠ N_k, GQA, every CPU head dim, causal and
+  // not), with a window, soft-cap, ALiBi and sinks at once, and documents where the batch is one
+  // row; stage 06's tile sizes from the budget, then sizes that divide nothing.
+  for (const Problem& p : fa::test::shape_matrix(fa::test::tested_head_dims(s13::info()))) {
+    Modifiers m;
+    m.window_left = 40;
+    if (!p.causal) m.window_right = 7;
+    m.softcap = 4.0;
+    m.alibi_slopes = fa::alibi_slopes(p.heads);
+    m.sinks = sink_logits(p.heads);
+    if (p.batch == 1 && p.seq_q == p.seq_k && p.seq_q > 2) {
+      const int64_t n = p.seq_q, a = n / 3;
+      m.cu_seqlens_q = m.cu_seqlens_k = fa::cu_seqlens_of({a, 0, 1, n - a - 1}, "test");
+    }
+    expect_pass(p, m, tiles(0, 0));
+    if (p.seq_q <= 300) expect_pass(p, m, tiles(24, 40));
+  }
+}
+
 TEST_CASE("documents: packed sequences, one-token and empty documents, with windows and modifiers") {
   const auto with = [](Modifiers m, auto edit) {
     edit(m);
