@@ -17,15 +17,9 @@
 #include "errors.h"
 #include "mask_reference.h"
 #include "masks.h"
-#include "options.h"
 #include "tensors.h"
 
 namespace s13 = fa::stage13;
-
-namespace fa::stage13 {
-const OptionTable& options();  // register.cpp
-Config current_config();
-}  // namespace fa::stage13
 
 int main(int argc, char** argv) {
   const std::string program = s13::kStageName;
@@ -56,7 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--dist", dist_s, "inputs: normal, uniform, large")->capture_default_str();
   app.add_flag("--backward", backward, "run and check the backward too");
   app.add_flag("--no-check", no_check, "skip the comparison with the reference");
-  s13::options().add_to(app);
+  s13::info().add_options(app);  // --block-q, --block-k (the stage's option table)
   fa::refuse_empty_values(app);
   try {
     app.parse(argc, argv);

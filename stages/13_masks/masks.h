@@ -48,6 +48,9 @@ void backward(const Problem& p, const Modifiers& m, const Config& c, const float
 /// The classification alone: the counts a forward of `p` under `m` makes, without running it.
 TileCounts count_tiles(const Problem& p, const Modifiers& m, const Config& c);
 
+/// The calling thread's tile sizes, from the stage's options (block_q, block_k; register.cpp).
+Config current_config();
+
 /// The stage for the shared harness, with no modifiers: the causal mask as a block mask,
 /// checked over the matrix of docs/design.md §6. Options: block_q, block_k (command line
 /// and set_option); counters: tiles_skip, tiles_full, tiles_partial of the calling

@@ -19,8 +19,6 @@ int64_t last(int64_t TileCounts::*field) {
   return t_last.*field;
 }
 
-}  // namespace
-
 const OptionTable& options() {
   static const OptionTable table{
       kStageName,
@@ -32,16 +30,18 @@ const OptionTable& options() {
   return table;
 }
 
+void remember(const TileCounts& counts) {
+  t_last = counts;
+  t_counted = true;
+}
+
+}  // namespace
+
 Config current_config() {
   Config c;
   c.block_q = int(options().get("block_q"));
   c.block_k = int(options().get("block_k"));
   return c;
-}
-
-void remember(const TileCounts& counts) {
-  t_last = counts;
-  t_counted = true;
 }
 
 StageInfo info() {
