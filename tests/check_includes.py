@@ -37,6 +37,7 @@ ENTRY_POINTS = {
     "10_hopper_fwd": {"hopper_fwd.h"},
     "11_hopper_bwd": {"hopper_bwd.h"},
     "12_ring_attention": {"ring_attention.h", "ring_gpu.h"},
+    "13_masks": {"masks.h"},
     "14_decode": {"decode.h"},
 }
 
