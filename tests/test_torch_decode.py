@@ -173,8 +173,9 @@ def test_append_kv_cpu():
             want_k, want_v = appended(t, t["lens"])
             k, v = t["k"].clone(), t["v"].clone()
             assert fa.append_kv(t["k_new"], t["v_new"], k, v, t["lens"], t["table"]) is None
+            layout = "paged" if block_size else "contiguous"
             assert torch.equal(k, want_k) and torch.equal(v, want_v), \
-                f"append_kv ({'paged' if block_size else 'contiguous'}, q_len {q_len}) wrote other rows than the new ones"
+                f"append_kv ({layout}, q_len {q_len}) wrote other rows than the new ones"
             changed = int((k != t["k"]).any(-1).sum())
             assert changed == len(lens) * 2 * q_len, f"append_kv changed {changed} rows of K"
             # Then decode sees the new tokens: equal to the reference on the written caches.
@@ -320,7 +321,8 @@ def test_decode_gpu():
                 what = f"gpu {dtype} {'paged ' + str(block_size) if block_size else 'contiguous'} {case}"
                 bound = 2 * u * (want_o.abs().double() + v.float().abs().max().item())
                 err = (o.cpu().double() - want_o.double()).abs()
-                assert (err <= bound).all(), f"{what}: O off by {err.max().item():.3g} (bound {bound.min().item():.3g}+)"
+                assert (err <= bound).all(), \
+                    f"{what}: O off by {err.max().item():.3g} (bound {bound.min().item():.3g} or more)"
                 check_lse(lse, torch.where(torch.isfinite(want_l), want_l, -math.inf).double(), 1e-3, what)
     print("ok   decode on the GPU (bf16, f16; contiguous, paged 16 and 256) against the CPU path")
 
