@@ -13,13 +13,16 @@ Three ways to generate the same tokens, greedily (the most likely next token eac
 - "fa-cache": the KV cache through append_kv + decode (stage 14);
 - "sdpa-cache": the same cache in plain torch: the new k, v written by slice assignment and
   F.scaled_dot_product_attention over the cache's first len tokens;
-- "recompute": no cache: the whole prefix through the model at every step (F.scaled_dot_product_
-  attention, or a stage with --recompute-stage).
+- "recompute": no cache: the whole prefix through the model at every step
+  (F.scaled_dot_product_attention);
+- "fa-graph" (GPU): fa-cache with each one-token step captured once as a CUDA graph and replayed,
+  which the ops allow because they never read the lengths on the host.
 The check: fa-cache's tokens equal recompute's, token for token, and its logits stay within a
 tolerance of recompute's at every step (a tie between two tokens closer than that tolerance is
 reported, not counted as a failure). The timing: tokens per second of the generation after the
-prompt (the prefill not counted), fa-cache against sdpa-cache and recompute, on the same model
-(random weights: the speed does not depend on them) in bf16 on the GPU.
+prompt (the prefill not counted), fa-cache (and fa-graph) against sdpa-cache and recompute, on
+the same model (random weights: the speed does not depend on them) in bf16 on the GPU; on the
+GPU fa-graph's tokens are first checked equal to fa-cache's.
 """
 import argparse
 import math
@@ -34,9 +37,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # python/: fa_attention
 
-from model import GPT, GPTConfig, apply_rotary, attention_backend  # noqa: E402
+from model import GPT, GPTConfig, attention_backend  # noqa: E402
 
 CHUNK = 16  # new tokens per decode call while the prompt fills the cache (the stage's q_len limit)
+
+
+def rotate(x, cos, sin):
+    """model.apply_rotary with the angles of each sequence's own positions: x [batch, heads, n,
+    d], cos and sin [batch, 1, n, d/2]. The same arithmetic (fp32, back to x's dtype)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 class KVCache:
@@ -70,6 +81,8 @@ class CachedGPT:
         p = next(model.parameters())
         if capacity > cfg.context:
             raise ValueError(f"capacity {capacity} exceeds the model's context {cfg.context} (its rotary table)")
+        if model.embed_previous is not None:
+            raise ValueError("generation does not keep the previous token (the recall model's embedding)")
         if attention == "sdpa" and block_size is not None:
             raise ValueError("the sdpa cache is contiguous (block_size None)")
         self.caches = [KVCache(batch, cfg.n_head, capacity, cfg.head_dim, p.dtype, p.device, block_size, seed=i)
@@ -83,16 +96,17 @@ class CachedGPT:
         vocab]; their keys and values join the caches."""
         model, cfg = self.model, self.model.cfg
         batch, n = tokens.shape
-        cos, sin = model.cos[self.pos:self.pos + n], model.sin[self.pos:self.pos + n]  # rotary at their positions
         self.lens += n
+        # The new tokens' positions, from the lengths on the device (a CUDA graph replays this
+        # step at every position): [batch, n], and their rotary angles [batch, 1, n, d/2].
+        pos = (self.lens.long() - n)[:, None] + torch.arange(n, device=tokens.device)
+        cos, sin = model.cos[pos][:, None], model.sin[pos][:, None]
         x = model.embed(tokens)
-        if model.embed_previous is not None:
-            raise ValueError("generation does not keep the previous token (the recall model)")
         for block, cache in zip(model.blocks, self.caches):
             a = block.attn
             qkv = a.qkv(block.ln1(x)).view(batch, n, 3, cfg.n_head, cfg.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)                # each [batch, heads, n, head_dim]
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             if self.attention == "fa":
                 self.ops.append_kv(k, v, cache.k, cache.v, self.lens, cache.table)
                 o = self.ops.decode(q, cache.k, cache.v, self.lens, cache.table, causal=True)
@@ -129,6 +143,53 @@ def generate_cached(model, prompt, new_tokens, attention="fa", block_size=None, 
         out.append(nxt)
         if i + 1 < new_tokens:
             logits = gen.step(nxt[:, None])[:, -1]
+    return torch.stack(out, 1)
+
+
+class GraphedGPT:
+    """CachedGPT with "fa" attention whose one-token step is a CUDA graph: captured once after
+    the prompt, replayed for every new token. It can be, because nothing in the step depends on
+    the host's idea of the position: the lengths advance on the GPU, the rotary angles are
+    gathered from them, and the ops never read them back."""
+
+    def __init__(self, model, batch, capacity, block_size=None):
+        device = next(model.parameters()).device
+        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the step's input
+        scratch = CachedGPT(model, batch, capacity, "fa", block_size)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS, the op), as torch's docs do
+            for _ in range(2):
+                scratch.step(self.tokens)
+        torch.cuda.current_stream().wait_stream(side)
+        del scratch
+        self.gen = CachedGPT(model, batch, capacity, "fa", block_size)
+        self.graph = None
+
+    def prefill(self, prompt):
+        logits = self.gen.prefill(prompt)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # recorded, not run: the lengths advance at each replay
+            self.logits = self.gen.step(self.tokens)[:, -1]
+        return logits
+
+    def step(self, next_tokens):
+        """next_tokens [batch] -> logits [batch, vocab] (a view that the next replay overwrites)."""
+        self.tokens.copy_(next_tokens[:, None])
+        self.graph.replay()
+        return self.logits
+
+
+@torch.no_grad()
+def generate_graphed(model, prompt, new_tokens, block_size=None):
+    """generate_cached's tokens, each step a replay of one CUDA graph (GPU only)."""
+    gen = GraphedGPT(model, prompt.shape[0], prompt.shape[1] + new_tokens, block_size)
+    logits = gen.prefill(prompt)
+    out = []
+    for i in range(new_tokens):
+        out.append(logits.argmax(-1))
+        if i + 1 < new_tokens:
+            logits = gen.step(out[-1])
     return torch.stack(out, 1)
 
 
@@ -194,12 +255,17 @@ def time_generation(model, prompt, new_tokens, method, block_size=None):
         generate_recompute(model, prompt, new_tokens)
         sync(device)
         return time.perf_counter() - t0
-    gen = CachedGPT(model, prompt.shape[0], prompt.shape[1] + new_tokens, method, block_size)
+    if method == "fa-graph":
+        gen = GraphedGPT(model, prompt.shape[0], prompt.shape[1] + new_tokens, block_size)
+        step = gen.step
+    else:
+        gen = CachedGPT(model, prompt.shape[0], prompt.shape[1] + new_tokens, method, block_size)
+        step = lambda tokens: gen.step(tokens[:, None])[:, -1]  # noqa: E731
     logits = gen.prefill(prompt)
     sync(device)
     t0 = time.perf_counter()
     for _ in range(new_tokens):
-        logits = gen.step(logits.argmax(-1)[:, None])[:, -1]
+        logits = step(logits.argmax(-1))
     sync(device)
     return time.perf_counter() - t0
 
@@ -218,6 +284,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--check-tokens", type=int, default=16, help="tokens compared against recompute")
     ap.add_argument("--check-only", action="store_true", help="the check, no timing")
+    ap.add_argument("--no-graph", action="store_true", help="on the GPU, leave out fa-graph (CUDA graph steps)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if args.tiny:
@@ -237,11 +304,19 @@ def main(argv=None):
     n, worst, atol = check(model, prompt, args.check_tokens, args.block_size)
     print(f"check: fa-cache equals recompute for {n} tokens x {args.batch} sequences "
           f"(logits within {worst:.2g}, tolerance {atol:.2g})")
+    graphs = device.type == "cuda" and not args.no_graph
+    if graphs:
+        eager = generate_cached(model, prompt, args.check_tokens, "fa", args.block_size)
+        replayed = generate_graphed(model, prompt, args.check_tokens, args.block_size)
+        assert torch.equal(eager, replayed), "fa-graph's tokens differ from fa-cache's"
+        print(f"check: fa-graph (each step one CUDA graph replay) equals fa-cache for {args.check_tokens} tokens")
     if args.check_only:
         return 0
 
     # The timing: median of `repeats` runs after a warm-up.
     methods = {"fa-cache": ("fa", args.block_size), "sdpa-cache": ("sdpa", None), "recompute": ("recompute", None)}
+    if graphs:
+        methods["fa-graph"] = ("fa-graph", args.block_size)
     speed = {}
     for name, (method, block) in methods.items():
         time_generation(model, prompt, min(args.new, 4), method, block)  # warm-up
