@@ -5,7 +5,7 @@ CPU (float32, stage 14's CPU step): decode against a float64 reference computed 
 formula (new token i of sequence b sees keys j <= len_b - q_len + i), on a contiguous and a
 paged cache (a shuffled block table), mixed lengths including 0 and lengths below q_len,
 q_len 1 and 4, GQA and not, causal and not; append_kv writes exactly the new rows and nothing
-else; torch.library.opcheck of both ops; torch.compile(fullgraph=True) of append + decode; every
+else and bumps the caches' version counters; torch.library.opcheck of both ops; torch.compile(fullgraph=True) of append + decode; every
 refusal, with nothing written. GPU (skipped without CUDA): the same problems in bfloat16 and
 float16 against the CPU path on the same rounded inputs, append_kv bit for bit, opcheck,
 torch.compile, a CUDA graph that captures append_kv + decode and replays them with new tokens,
@@ -32,6 +32,8 @@ if torch is None and "pytest" in sys.modules:
     pytest.skip("torch is not installed", allow_module_level=True)
 
 if torch is not None:
+    from fa_attention import torch_ops  # noqa: F401  (loads the native op: torch.ops.fa_attention)
+
     HAS_GPU = torch.cuda.is_available()
 
 
@@ -172,7 +174,10 @@ def test_append_kv_cpu():
             t = make_problem(lens, 4, 2, q_len, 32, block_size=block_size, capacity=64, seed=q_len)
             want_k, want_v = appended(t, t["lens"])
             k, v = t["k"].clone(), t["v"].clone()
+            versions = k._version, v._version
             assert fa.append_kv(t["k_new"], t["v_new"], k, v, t["lens"], t["table"]) is None
+            assert (k._version, v._version) == (versions[0] + 1, versions[1] + 1), \
+                "append_kv did not bump the caches' version counters (autograd would miss the write)"
             layout = "paged" if block_size else "contiguous"
             assert torch.equal(k, want_k) and torch.equal(v, want_v), \
                 f"append_kv ({layout}, q_len {q_len}) wrote other rows than the new ones"

@@ -19,9 +19,11 @@
 //         nothing is read back, so a CUDA graph can capture both ops;
 //   CPU   float32 (stage 14's CPU step, split-KV over threads; the lengths and the table are
 //         checked on the host before anything is written);
-//   Meta  shapes only, for torch.compile.
-// No autograd: decoding is inference.
+//   Meta  shapes only, for torch.compile;
+//   ADInplaceOrView  append_kv bumps the caches' version counters, as an in-place op must.
+// No autograd kernel: decoding is inference.
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -195,6 +197,24 @@ void append_kv_meta(const Tensor& k_new, const Tensor& v_new, Tensor& k_cache, T
                     " must match k_new ", k_new.sym_sizes());
 }
 
+// ---- ADInplaceOrView: the caches' version counters ----
+
+// An in-place write must bump the version of what it writes, so that autograd notices when a
+// tensor it saved has changed since; the dispatcher does it for ATen's in-place ops, and this
+// kernel does it for append_kv: the op below this key, then both caches' versions.
+void append_kv_inplace_or_view(const Tensor& k_new, const Tensor& v_new, Tensor& k_cache, Tensor& v_cache,
+                               const Tensor& seqlens, const Table& table) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fa_attention::append_kv", "")
+                             .typed<void(const Tensor&, const Tensor&, Tensor&, Tensor&, const Tensor&, const Table&)>();
+  {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    op.call(k_new, v_new, k_cache, v_cache, seqlens, table);
+  }
+  torch::autograd::impl::bump_version(k_cache);
+  torch::autograd::impl::bump_version(v_cache);
+}
+
 }  // namespace
 
 // The schemas are in fa_torch.cpp's TORCH_LIBRARY(fa_attention): one library, one definition.
@@ -214,3 +234,5 @@ TORCH_LIBRARY_IMPL(fa_attention, Meta, m) {
   m.impl("decode", &decode_meta);
   m.impl("append_kv", &append_kv_meta);
 }
+
+TORCH_LIBRARY_IMPL(fa_attention, ADInplaceOrView, m) { m.impl("append_kv", &append_kv_inplace_or_view); }
