@@ -19,9 +19,9 @@ while running raises RuntimeError.
 
 The two ops are torch.ops.fa_attention.forward(q, k, v, causal, scale, stage) -> (O, L) and
 torch.ops.fa_attention.backward(q, k, v, O, L, dO, causal, scale, stage) -> (dQ, dK, dV);
-scale 0.0 there means 1/sqrt(d), as in fa_problem. Stage 14 (decoding) adds decode() and append_kv() over torch.ops.fa_attention.decode and
-torch.ops.fa_attention.append_kv (a KV cache, one length per sequence, contiguous or paged).
-The library is found through the
+scale 0.0 there means 1/sqrt(d), as in fa_problem. Stage 14 (decoding) adds decode() and
+append_kv() over torch.ops.fa_attention.decode and torch.ops.fa_attention.append_kv (a KV
+cache, one length per sequence, contiguous or paged). The library is found through the
 environment variable FA_TORCH_LIB, else next to this package (an installed wheel), else in
 python/ of the build folder that holds libfa_c.so (torch_library_candidates()).
 """
