@@ -89,6 +89,46 @@ typedef void* (*fa_allocate_fn)(size_t bytes, void* stream, void* context);
 typedef void (*fa_release_fn)(void* ptr, void* stream, void* context);
 int fa_set_scratch_allocator(fa_allocate_fn allocate, fa_release_fn release, void* context);
 
+/* Decoding (stage 14, docs/design.md §12): each sequence's q_len new tokens (1 to 16) against
+   its KV cache, not a fa_problem: one length per sequence (cache_seqlens, int32 [batch], the
+   new tokens included; token i of sequence b sees keys j <= cache_seqlens[b] - q_len + i when
+   causal) and a contiguous or paged cache. Layouts (common/decode_problem.h):
+     Q, O         [batch][heads][q_len][head_dim]      L fp32 [batch][heads][q_len]
+     K/V new      [batch][kv_heads][q_len][head_dim]   (the append's input)
+     contiguous   K/V cache [batch][kv_heads][capacity][head_dim]         (block_size = 0)
+     paged        K/V cache [num_blocks][kv_heads][block_size][head_dim] and an int32 block
+                  table [batch][blocks_per_seq] (block_size 16 to 256, a power of two;
+                  capacity = 0)
+   The append writes the new tokens' K/V at positions cache_seqlens[b] - q_len + i, so every
+   length it is given is at least q_len. */
+typedef struct fa_decode_problem {
+  int32_t batch, heads, kv_heads, head_dim, q_len;
+  int32_t causal; /* 0 or 1 */
+  float scale;    /* 0 means 1/sqrt(head_dim) */
+  int32_t capacity, block_size, num_blocks, blocks_per_seq;
+} fa_decode_problem;
+
+/* Host buffers, fp32: stage 14's CPU step (split-KV over threads). cache_seqlens and
+   block_table (paged only, else NULL) are host arrays, checked before anything is written. */
+int fa_decode(const fa_decode_problem* p, const int32_t* cache_seqlens, const float* Q,
+              const float* K_cache, const float* V_cache, const int32_t* block_table, float* O,
+              float* L);
+int fa_append_kv(const fa_decode_problem* p, const int32_t* cache_seqlens, const float* K_new,
+                 const float* V_new, float* K_cache, float* V_cache, const int32_t* block_table);
+
+/* Device buffers in FA_F16 or FA_BF16 (L fp32): stage 14's final CUDA step (14e) and the
+   append kernel, on `stream`. cache_seqlens and block_table are device arrays and are never
+   read on the host (nothing synchronises, so a CUDA graph can capture the calls): the split
+   rule takes every sequence as full (seq_capacity), and a length or a table entry out of range
+   is not refused but kept inside the cache by the kernels (docs/design.md §12). Scratch for
+   the split partials comes from the allocator of fa_set_scratch_allocator. */
+int fa_decode_device(const fa_decode_problem* p, fa_dtype dtype, const int32_t* cache_seqlens,
+                     const void* Q, const void* K_cache, const void* V_cache,
+                     const int32_t* block_table, void* O, float* L, void* stream);
+int fa_append_kv_device(const fa_decode_problem* p, fa_dtype dtype, const int32_t* cache_seqlens,
+                        const void* K_new, const void* V_new, void* K_cache, void* V_cache,
+                        const int32_t* block_table, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "decode.h"
 #include "errors.h"
 #include "options.h"
 #include "stage_list.h"
@@ -113,6 +114,58 @@ void require_buffers(const fa::StageInfo& s, std::initializer_list<Buffer> buffe
   for (const Buffer& b : buffers)
     require(b.ptr != nullptr || b.elems == 0,
             s.name + ": tensor " + b.name + " is NULL (it has " + std::to_string(b.elems) + " elements)");
+}
+
+// ---- decoding (stage 14): its own problem, not a stage of the list ----
+
+constexpr const char* kDecodeStage = fa::stage14::kStage;
+
+// The decode problem with its lengths: a host array, or none (a device call, whose lengths
+// stay on the device: every sequence counts as full, which is what the split rule and the
+// refusals then see).
+fa::DecodeProblem to_decode_problem(const fa_decode_problem* p, const int32_t* host_seqlens) {
+  const std::string who = kDecodeStage;
+  require(p != nullptr, who + ": problem pointer is NULL");
+  fa::DecodeProblem d;
+  d.batch = p->batch;
+  d.heads = p->heads;
+  d.kv_heads = p->kv_heads;
+  d.head_dim = p->head_dim;
+  d.q_len = p->q_len;
+  if (p->causal != 0 && p->causal != 1)
+    throw std::invalid_argument(who + ": causal = " + std::to_string(p->causal) + " is not 0 or 1");
+  d.causal = p->causal == 1;
+  d.scale = p->scale;
+  d.capacity = p->capacity;
+  d.block_size = p->block_size;
+  d.num_blocks = p->num_blocks;
+  d.blocks_per_seq = p->blocks_per_seq;
+  require(p->batch >= 0, who + ": batch = " + std::to_string(p->batch) + " is not allowed (allowed: 1 or more)");
+  if (host_seqlens != nullptr) {
+    d.cache_seqlens.assign(host_seqlens, host_seqlens + p->batch);
+  } else {
+    const int64_t full = std::min<int64_t>(std::max<int64_t>(d.seq_capacity(), 0), INT32_MAX);
+    d.cache_seqlens.assign(size_t(p->batch), int(full));
+  }
+  d.validate(who);
+  return d;
+}
+
+// The decode calls' dtype, read as the int it was passed as (to_dtype's reason).
+fa::Dtype to_decode_dtype(const fa_dtype* dtype) {
+  int32_t t = 0;
+  std::memcpy(&t, dtype, sizeof t);
+  if (t < 0 || t > 2)
+    throw std::invalid_argument(std::string(kDecodeStage) + ": dtype = " + std::to_string(t) +
+                                " is not FA_F32 (0), FA_F16 (1) or FA_BF16 (2)");
+  return fa::Dtype(t);
+}
+
+// Every non-empty host tensor of a decode call needs a pointer.
+void require_decode_buffers(std::initializer_list<Buffer> buffers) {
+  for (const Buffer& b : buffers)
+    require(b.ptr != nullptr || b.elems == 0, std::string(kDecodeStage) + ": tensor " + b.name + " is NULL (it has " +
+                                                  std::to_string(b.elems) + " elements)");
 }
 
 }  // namespace
@@ -265,6 +318,69 @@ int fa_set_scratch_allocator(fa_allocate_fn allocate, fa_release_fn release, voi
     fa::set_scratch_allocator({allocate, release, context});
 #else
     (void)context;
+#endif
+  });
+}
+
+int fa_decode(const fa_decode_problem* p, const int32_t* cache_seqlens, const float* Q, const float* K_cache,
+              const float* V_cache, const int32_t* block_table, float* O, float* L) {
+  return guarded([&] {
+    require(p == nullptr || p->batch <= 0 || cache_seqlens != nullptr,
+            std::string(kDecodeStage) + ": cache_seqlens is NULL");
+    const fa::DecodeProblem d = to_decode_problem(p, cache_seqlens);
+    require_decode_buffers({{"Q", Q, d.q_elems()}, {"K_cache", K_cache, d.cache_elems()},
+                               {"V_cache", V_cache, d.cache_elems()}, {"O", O, d.q_elems()}, {"L", L, d.l_elems()}});
+    fa::stage14::decode_cpu(d, Q, K_cache, V_cache, d.paged() ? block_table : nullptr, O, L);
+  });
+}
+
+int fa_append_kv(const fa_decode_problem* p, const int32_t* cache_seqlens, const float* K_new, const float* V_new,
+                 float* K_cache, float* V_cache, const int32_t* block_table) {
+  return guarded([&] {
+    require(p == nullptr || p->batch <= 0 || cache_seqlens != nullptr,
+            std::string(kDecodeStage) + ": cache_seqlens is NULL");
+    const fa::DecodeProblem d = to_decode_problem(p, cache_seqlens);
+    require_decode_buffers({{"K_new", K_new, d.new_kv_elems()}, {"V_new", V_new, d.new_kv_elems()},
+                               {"K_cache", K_cache, d.cache_elems()}, {"V_cache", V_cache, d.cache_elems()}});
+    fa::stage14::append_kv_cpu(d, K_new, V_new, K_cache, V_cache, d.paged() ? block_table : nullptr);
+  });
+}
+
+int fa_decode_device(const fa_decode_problem* p, fa_dtype dtype, const int32_t* cache_seqlens, const void* Q,
+                     const void* K_cache, const void* V_cache, const int32_t* block_table, void* O, float* L,
+                     void* stream) {
+  return guarded([&] {
+    const fa::DecodeProblem d = to_decode_problem(p, nullptr);
+    const fa::Dtype t = to_decode_dtype(&dtype);
+#ifdef FA_HAVE_CUDA
+    fa::stage14::require_gpu_request(d, t, {});
+    if (!fa::gpu_available())
+      throw fa::NoCudaDevice(std::string(kDecodeStage) + ": no CUDA device is available on this machine");
+    fa::stage14::decode_device(d, t, Q, K_cache, V_cache, cache_seqlens, d.paged() ? block_table : nullptr, O, L,
+                               stream);
+#else
+    (void)t, (void)cache_seqlens, (void)Q, (void)K_cache, (void)V_cache, (void)block_table, (void)O, (void)L,
+        (void)stream;
+    throw std::runtime_error(std::string(kDecodeStage) + ": this build has no CUDA (fa_decode takes host buffers)");
+#endif
+  });
+}
+
+int fa_append_kv_device(const fa_decode_problem* p, fa_dtype dtype, const int32_t* cache_seqlens, const void* K_new,
+                        const void* V_new, void* K_cache, void* V_cache, const int32_t* block_table, void* stream) {
+  return guarded([&] {
+    const fa::DecodeProblem d = to_decode_problem(p, nullptr);
+    const fa::Dtype t = to_decode_dtype(&dtype);
+#ifdef FA_HAVE_CUDA
+    if (!fa::gpu_available())
+      throw fa::NoCudaDevice(std::string(kDecodeStage) + ": no CUDA device is available on this machine");
+    fa::stage14::append_kv_device(d, t, K_new, V_new, K_cache, V_cache, cache_seqlens,
+                                  d.paged() ? block_table : nullptr, stream);
+#else
+    (void)t, (void)cache_seqlens, (void)K_new, (void)V_new, (void)K_cache, (void)V_cache, (void)block_table,
+        (void)stream;
+    throw std::runtime_error(std::string(kDecodeStage) +
+                             ": this build has no CUDA (fa_append_kv takes host buffers)");
 #endif
   });
 }

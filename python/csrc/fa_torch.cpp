@@ -15,7 +15,8 @@
 // Everything per call is what the call needs: the argument checks, two or three output
 // tensors, and the stage's launch. The stage's own checks and messages come through the C
 // ABI (common/fa_c.h) as Python exceptions: ValueError for what the stage refuses,
-// RuntimeError for what failed while running.
+// RuntimeError for what failed while running. Stage 14's decode and append_kv are in the same
+// library; their kernels are in fa_torch_decode.cpp.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -30,34 +31,14 @@
 #endif
 
 #include "fa_c.h"
+#include "fa_torch.h"
 
 namespace {
 
+using namespace fa_torch;
 using at::Tensor;
 using Forward = std::tuple<Tensor, Tensor>;
 using Backward = std::tuple<Tensor, Tensor, Tensor>;
-
-// Python's names for the dtypes a message may mention.
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kDouble: return "torch.float64";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-// A C ABI status as a Python exception carrying the stage's message.
-void check_status(int rc) {
-  if (rc == FA_OK) return;
-  TORCH_CHECK_VALUE(rc != FA_ERR_INVALID, fa_last_error());
-  TORCH_CHECK(false, fa_last_error());
-}
-
-fa_dtype dtype_code(at::ScalarType t) {
-  return t == at::kHalf ? FA_F16 : t == at::kBFloat16 ? FA_BF16 : FA_F32;
-}
 
 // What the C ABI cannot see through pointers: ranks and shapes that agree, one dtype, one
 // device. Written on symbolic sizes so the Meta kernels (torch.compile) check the same.
@@ -112,12 +93,6 @@ fa_problem problem_of(const Tensor& q, const Tensor& k, bool causal, double scal
                     narrow(q.size(2), "seq_q"),    narrow(k.size(2), "seq_k"), narrow(q.size(3), "head_dim"),
                     causal ? 1 : 0,                float(scale)};
 }
-
-// A tensor's address for the C ABI; NULL for one with no elements (allowed there).
-const void* address(const Tensor& t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
-void* address(Tensor& t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
-const float* floats(const Tensor& t) { return static_cast<const float*>(address(t)); }
-float* floats(Tensor& t) { return static_cast<float*>(address(t)); }
 
 // ---- the CPU and CUDA kernels: one body each, the device decides the entry point ----
 
@@ -270,6 +245,14 @@ TORCH_LIBRARY(fa_attention, m) {
   m.def(
       "backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale, str stage)"
       " -> (Tensor, Tensor, Tensor)");
+  // Stage 14, decoding (fa_torch_decode.cpp holds the kernels). append_kv writes the caches in
+  // place: (a!) and (b!) tell the dispatcher and torch.compile that it mutates them.
+  m.def(
+      "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? block_table=None,"
+      " bool causal=True, float scale=0.0) -> (Tensor, Tensor)");
+  m.def(
+      "append_kv(Tensor k_new, Tensor v_new, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens,"
+      " Tensor? block_table=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fa_attention, CPU, m) {

@@ -14,6 +14,20 @@ Two APIs:
 
       from fa_attention.torch_ops import attention
       out = attention(q, k, v, causal=True, stage="08")
+
+  and stage 14's decoding ops, also reachable here without importing torch_ops first:
+
+      fa.append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens)   # in place
+      out = fa.decode(q, k_cache, v_cache, cache_seqlens)           # [b, h, q_len, d]
 """
 from fa_attention.core import *  # noqa: F401,F403
 from fa_attention.core import __all__  # noqa: F401
+
+
+def __getattr__(name):
+    # fa_attention.decode / append_kv: the torch ops, imported on first use, so that the numpy
+    # API keeps working where torch is not installed.
+    if name in ("decode", "decode_with_lse", "append_kv"):
+        from fa_attention import torch_ops
+        return getattr(torch_ops, name)
+    raise AttributeError(f"module 'fa_attention' has no attribute {name!r}")

@@ -19,7 +19,9 @@ while running raises RuntimeError.
 
 The two ops are torch.ops.fa_attention.forward(q, k, v, causal, scale, stage) -> (O, L) and
 torch.ops.fa_attention.backward(q, k, v, O, L, dO, causal, scale, stage) -> (dQ, dK, dV);
-scale 0.0 there means 1/sqrt(d), as in fa_problem. The library is found through the
+scale 0.0 there means 1/sqrt(d), as in fa_problem. Stage 14 (decoding) adds decode() and
+append_kv() over torch.ops.fa_attention.decode and torch.ops.fa_attention.append_kv (a KV
+cache, one length per sequence, contiguous or paged). The library is found through the
 environment variable FA_TORCH_LIB, else next to this package (an installed wheel), else in
 python/ of the build folder that holds libfa_c.so (torch_library_candidates()).
 """
@@ -59,6 +61,8 @@ def _load():
 _load()
 _forward = torch.ops.fa_attention.forward.default
 _backward = torch.ops.fa_attention.backward.default
+_decode = torch.ops.fa_attention.decode.default
+_append_kv = torch.ops.fa_attention.append_kv.default
 
 
 def attention(q, k, v, causal=False, scale=None, stage="08"):
@@ -71,3 +75,32 @@ def attention_with_lse(q, k, v, causal=False, scale=None, stage="08"):
     """As attention(), and also L (float32 [b, h, Nq], detached: not differentiable)."""
     o, lse = _forward(q, k, v, bool(causal), 0.0 if scale is None else float(scale), stage)
     return o, lse.detach()
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, scale=None):
+    """Stage 14's decode step: each sequence's q_len new tokens (1 to 16) against its KV cache.
+    q [b, h, q_len, d] -> O [b, h, q_len, d]. The caches are contiguous [b, hkv, capacity, d],
+    or paged [num_blocks, hkv, block_size, d] with block_table int32 [b, blocks_per_seq]
+    (token j of sequence s lies in block block_table[s, j // block_size], row j % block_size).
+    cache_seqlens int32 [b] counts each sequence's tokens, the new ones included (append_kv
+    them first): with causal, new token i of sequence s sees keys j <= cache_seqlens[s] - q_len
+    + i; without, every key j < cache_seqlens[s]. hkv divides h (GQA). CUDA: float16 or
+    bfloat16, head dims 64 and 128, lengths and table on the GPU (never read back: the call
+    can be captured in a CUDA graph). CPU: float32, any head dim."""
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, bool(causal),
+                   0.0 if scale is None else float(scale))[0]
+
+
+def decode_with_lse(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, scale=None):
+    """As decode(), and also L (float32 [b, h, q_len], each row's natural-log log-sum-exp;
+    -inf for a row that sees no key, whose output is 0)."""
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, bool(causal),
+                   0.0 if scale is None else float(scale))
+
+
+def append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens, block_table=None):
+    """Writes the new tokens' keys and values (k_new, v_new [b, hkv, q_len, d]) into the
+    caches in place, token i of sequence s at position cache_seqlens[s] - q_len + i (the
+    lengths already count the new tokens, as decode() takes them: every length >= q_len).
+    Caches and table as in decode(); the caches must be contiguous. Returns None."""
+    _append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens, block_table)
