@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "eigen.h"
+#include "in_order.h"
 
 namespace fa {
 
@@ -53,27 +54,6 @@ Mat<Scalar> load(RefMode mode, const float* base, int64_t rows, int64_t cols) {
   Mat<Scalar> x = ConstMapF(base, rows, cols).template cast<Scalar>();
   round_to(mode, x);
   return x;
-}
-
-// Products in index order (F32InOrder): every element of C is its sum taken one term after
-// another, k = 0, 1, …, as a plain loop adds. Written as rows of axpys, so the k-sum of
-// each element is still in order while the loop over its row vectorises.
-// C = A·B over the first n(i) columns of row i of A   ([rows, K]·[K, cols] → [rows, cols])
-template <typename Scalar, typename KeysOfRow>
-Mat<Scalar> times_in_order(const Mat<Scalar>& A, const Mat<Scalar>& B, KeysOfRow n) {
-  Mat<Scalar> C = Mat<Scalar>::Zero(A.rows(), B.cols());
-  for (int64_t i = 0; i < A.rows(); ++i)
-    for (int64_t k = 0; k < n(i); ++k) C.row(i) += A(i, k) * B.row(k);
-  return C;
-}
-// C = Aᵀ·B with row i of A taking part over its first n(i) columns, summed over i in order
-// ([rows, K]ᵀ·[rows, cols] → [K, cols])
-template <typename Scalar, typename KeysOfRow>
-Mat<Scalar> transpose_times_in_order(const Mat<Scalar>& A, const Mat<Scalar>& B, KeysOfRow n) {
-  Mat<Scalar> C = Mat<Scalar>::Zero(A.cols(), B.cols());
-  for (int64_t i = 0; i < A.rows(); ++i)
-    for (int64_t k = 0; k < n(i); ++k) C.row(k) += A(i, k) * B.row(i);
-  return C;
 }
 
 template <typename Scalar>

@@ -89,11 +89,11 @@ void backward_tiles(const Problem& p, const Modifiers& m, const stage06::Tiles& 
 
   // D = rowsum(dO∘O), [batch][heads][N_q]
   std::vector<float> D(static_cast<size_t>(p.l_elems()));
-  for (int64_t x = 0; x < p.l_elems(); ++x) {
-    float s = 0;
-    for (int64_t c = 0; c < d; ++c) s += dO[x * d + c] * O[x * d + c];
-    D[size_t(x)] = s;
-  }
+  // Summed as stage 06 sums it (and as the products sum dP = dO_i V_jᵀ): dS = P∘(dP − D)
+  // cancels where a row's probability sits on one key, and two different summation orders
+  // for dP and D would leave their rounding difference there.
+  for (int64_t x = 0; x < p.l_elems(); ++x)
+    D[size_t(x)] = ConstTile(dO + x * d, 1, d).cwiseProduct(ConstTile(O + x * d, 1, d)).sum();
   Matrix P, dS;
 
   // dK, dV: one key tile at a time, the query tiles that may see it streaming past.
