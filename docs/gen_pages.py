@@ -19,7 +19,8 @@
         the build here, with a message that says so.
 
     gen_pages.py reader --repo ROOT --tag TAGFILE --html HTML --template docs/reader.html
-        After Doxygen. Writes HTML/reader.html, the side-by-side reader (notes on the left,
+        After Doxygen. Removes the pages of the build's folders (remove_build_folders), writes
+        HTML/reader.html, the side-by-side reader (notes on the left,
         annotated source on the right), with the notes' page names read from Doxygen's tag
         file and the listings' from Doxygen's naming rule (docs/notes_tree.py).
 
@@ -406,8 +407,30 @@ def cmd_reader(args) -> int:
         return 1
     page = template.replace(marker, "const STAGES = " + json.dumps(data, indent=1) + ";")
     Path(args.html, "reader.html").write_text(page, encoding="utf-8")
-    print(f"docs: reader.html with {len(data)} stages")
+    removed = remove_build_folders(repo, Path(args.html))
+    print(f"docs: reader.html with {len(data)} stages" + (f"; the pages of {removed} of the build's "
+                                                          f"folders removed" if removed else ""))
     return 0
+
+
+def remove_build_folders(repo: Path, html_dir: Path) -> int:
+    """Doxygen writes a page per folder of its input (dir_<md5 of the path>.html): those of
+    common/ and stages/ list their files' listings; those of the build's folders (the notes
+    converted for Doxygen) list nothing, and only each other link them: removed. Returns how
+    many were."""
+    import hashlib
+    keep = set()
+    for top in (repo / "common", repo / "stages"):
+        for d in [top] + [p for p in top.rglob("*") if p.is_dir()]:
+            rel = d.relative_to(repo).as_posix() + "/"
+            keep.add("dir_" + hashlib.md5(rel.encode()).hexdigest())
+    removed = 0
+    for page in html_dir.glob("dir_*.html"):
+        if page.stem not in keep:
+            page.unlink()
+            page.with_suffix(".js").unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def main() -> int:

@@ -1,16 +1,22 @@
-"""The figures of the docs site, as a reader sees them (used by tests/check_docs.py).
+"""The docs site as a reader sees it, in headless Chromium (used by tests/check_docs.py and
+tests/test_check_docs.py).
 
-Headless Chromium opens a copy of a page (results.html) with a small script added that
-records, after layout, where each figure landed and at what size, and then takes a
-screenshot of the whole page. A figure passes when
+One Chromium process renders every page asked for, one after another, driven over the
+DevTools protocol on a pipe (--remote-debugging-pipe: no port, no websocket; Python standard
+library only). Each page is laid out at a given window width, its formulas typeset, and a
+probe run in the page reports what the checks need. A page passes when
 
-  - it loaded (the image decoded, it has a size);
-  - it is readable: its body text (the smallest font the SVG uses for labels, ticks and
-    legend, exponents aside) comes out at least MIN_FONT_PX CSS pixels high at the size it
-    is shown;
-  - it is painted: in the screenshot, the figure's box is not blank.
+  - MathJax typeset its formulas (some where the page has any) and reported no error;
+  - no display formula is clipped: each fits the page's text column, or scrolls inside its
+    own box (a formula wider than the column otherwise runs past the pane's edge, where a
+    reader of the side-by-side reader cannot see it);
+  - every figure (img or object in the text) loaded, fits the text column (an image shown
+    at its natural size is cut off at the pane's edge), and is readable: its body text (the
+    smallest font an SVG uses for labels, ticks and legend, exponents aside) comes out at
+    least MIN_FONT_PX CSS pixels high at the size it is shown;
+  - every figure is painted: a screenshot of its box is not blank.
 
-Python standard library only (the PNG is decoded with zlib).
+The PNG screenshots are decoded with zlib.
 """
 from __future__ import annotations
 
@@ -21,26 +27,177 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
 MIN_FONT_PX = 8.0
-WINDOW_WIDTH = 1280
+# The width of a page in the side-by-side reader (each pane at a 1920 px screen) and of a
+# page opened alone.
+READER_WIDTH = 960
+PAGE_WIDTH = 1280
+HEIGHT = 900
 
-PROBE = """<script>
-window.addEventListener('load', function () { setTimeout(function () {
-  var figs = [];
-  document.querySelectorAll('div.contents img, div.contents object').forEach(function (im) {
-    var r = im.getBoundingClientRect();
-    figs.push({src: im.getAttribute('src') || im.getAttribute('data'),
-               nw: im.naturalWidth || 0, x: r.left, y: r.top, w: r.width, h: r.height});
+# Runs in the page after it loaded and MathJax finished: what the checks read.
+PROBE = r"""(() => {
+  const contents = document.querySelector('div.contents') || document.body;
+  const cr = contents.getBoundingClientRect();
+  const limit = Math.min(cr.right, document.documentElement.clientWidth) + 1;
+  const scrolls = (el) => {   // a box between el and the text column that scrolls sideways
+    for (let a = el.parentElement; a && a !== contents; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if (o === 'auto' || o === 'scroll') return true;
+    }
+    return false;
+  };
+  const clipped = [];
+  document.querySelectorAll('div.MathJax_Display').forEach(d => {
+    const m = d.querySelector('span.MathJax') || d;
+    const r = m.getBoundingClientRect();
+    if (r.right > limit && !scrolls(m)) {
+      let s = d.nextElementSibling;
+      while (s && !(s.tagName === 'SCRIPT' && /math\/tex/.test(s.type))) s = s.nextElementSibling;
+      clipped.push({w: Math.round(r.width), column: Math.round(limit - cr.left),
+                    tex: s ? s.textContent.trim().slice(0, 60) : ''});
+    }
   });
-  var pre = document.createElement('pre');
-  pre.id = 'fa-figure-probe';
-  pre.textContent = JSON.stringify(figs);
-  document.body.appendChild(pre);
-}, 300); });
-</script>"""
+  const figs = [];
+  contents.querySelectorAll('img, object').forEach(im => {
+    const r = im.getBoundingClientRect();
+    figs.push({src: im.getAttribute('src') || im.getAttribute('data'), nw: im.naturalWidth || 0,
+               x: r.left, y: r.top, w: r.width, h: r.height,
+               overflows: r.right > limit && !scrolls(im)});
+  });
+  return JSON.stringify({
+    typeset: document.querySelectorAll('span.MathJax, div.MathJax_Display').length,
+    errors: document.querySelectorAll('.MathJax_Error, merror, span.merror').length,
+    clipped: clipped, figures: figs});
+})()"""
+
+# Resolves when the page's MathJax queue is empty (at once where the page has no MathJax).
+MATHJAX_DONE = r"""new Promise(done => {
+  if (!window.MathJax || !MathJax.Hub) return done(0);
+  MathJax.Hub.Queue(() => done(1));
+})"""
+
+
+class Browser:
+    """One headless Chromium, driven over --remote-debugging-pipe (fd 3: commands in, fd 4:
+    replies and events out, each a JSON message ended by a NUL byte)."""
+
+    def __init__(self, chromium: str, timeout: float = 60.0):
+        self.timeout = timeout
+        self._profile = tempfile.mkdtemp(prefix="fa_chromium_")
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+
+        def child_fds():
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        self._proc = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--no-first-run", "--no-default-browser-check", "--remote-debugging-pipe",
+             f"--user-data-dir={self._profile}", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=child_fds,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buf, self._id, self._events = b"", 0, []
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.call("Page.enable", session=True)
+        self.call("Runtime.enable", session=True)
+
+    # --- the protocol
+    def _read(self):
+        deadline = time.monotonic() + self.timeout
+        while b"\0" not in self._buf:
+            if time.monotonic() > deadline:
+                raise TimeoutError("Chromium did not answer")
+            chunk = os.read(self._from_chrome, 1 << 16)
+            if not chunk:
+                raise EOFError("Chromium closed the pipe")
+            self._buf += chunk
+        msg, _, self._buf = self._buf.partition(b"\0")
+        return json.loads(msg)
+
+    def call(self, method: str, params: dict | None = None, session: bool = False):
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = self.session
+        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        while True:
+            m = self._read()
+            if m.get("id") == self._id:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error'].get('message')}")
+                return m.get("result", {})
+            self._events.append(m)
+
+    def _wait_event(self, name: str):
+        while True:
+            for k, m in enumerate(self._events):
+                if m.get("method") == name:
+                    del self._events[k]
+                    return m
+            self._events.append(self._read())
+
+    def evaluate(self, expression: str, wait: bool = False):
+        r = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": wait,
+                                            "returnByValue": True}, session=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"script failed in the page: {r['exceptionDetails'].get('text')}")
+        return r.get("result", {}).get("value")
+
+    # --- pages
+    def open(self, path: Path, width: int, height: int = HEIGHT):
+        """Loads a page at a window size and waits for its formulas."""
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                          "deviceScaleFactor": 1, "mobile": False},
+                  session=True)
+        self._events = [m for m in self._events if m.get("method") != "Page.loadEventFired"]
+        self.call("Page.navigate", {"url": path.resolve().as_uri()}, session=True)
+        self._wait_event("Page.loadEventFired")
+        self.evaluate(MATHJAX_DONE, wait=True)
+
+    def screenshot(self, box) -> bytes:
+        """A PNG of box (x, y, w, h in CSS px of the viewport): its top 300 px, scaled to at
+        most 600 px wide (thin lines stay dark; the PNG decodes in Python in well under a second)."""
+        x, y, w, h = box
+        h = min(h, 300.0)
+        scale = min(1.0, 600.0 / max(w, 1.0))
+        r = self.call("Page.captureScreenshot", {"format": "png", "clip": {
+            "x": x, "y": y, "width": w, "height": h, "scale": scale}}, session=True)
+        import base64
+        return base64.b64decode(r["data"])
+
+    def close(self):
+        try:
+            self.call("Browser.close")
+        except (OSError, EOFError, RuntimeError, TimeoutError):
+            pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        for fd in (self._to_chrome, self._from_chrome):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(self._profile, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def find_chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def svg_width(svg_text: str) -> float | None:
@@ -66,9 +223,9 @@ def svg_body_font(svg_text: str) -> float | None:
     return body * width / float(m.group(3))
 
 
-def read_png(path: Path):
-    """(width, height, rows) of an 8-bit RGB or RGBA PNG, rows as bytes (filters undone)."""
-    data = path.read_bytes()
+def read_png_bytes(data: bytes):
+    """(width, height, bytes per pixel, rows) of an 8-bit RGB or RGBA PNG, rows as bytes
+    (filters undone)."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
@@ -120,57 +277,102 @@ def inked(png, box) -> float:
     return dark / total if total else 0.0
 
 
-def check_figures(chromium: str, html: Path, page: str = "results.html", shot: Path | None = None):
-    """(failures, notes) for the figures of `page` rendered by `chromium`."""
+def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
+    """(failures, notes) for one page of the site as `browser` renders it `width` px wide:
+    formulas typeset and not clipped, figures loaded, inside the text column, readable and
+    (with blank) painted."""
     failures, notes = [], []
-    src = html / page
-    if not src.exists():
-        return [f"{page} is not in the site"], notes
-    with tempfile.TemporaryDirectory(prefix="fa_figures_") as tmp:
-        tmp = Path(tmp)
-        for entry in html.iterdir():  # the site, by links; only the probed page is a copy
-            if entry.name != page:
-                os.symlink(entry.resolve(), tmp / entry.name)
-        text = src.read_text(encoding="utf-8", errors="replace")
-        (tmp / page).write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-        base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                "--virtual-time-budget=15000"]
-        dom = subprocess.run(base + [f"--window-size={WINDOW_WIDTH},900", "--dump-dom",
-                                     (tmp / page).as_uri()], capture_output=True, text=True, timeout=120).stdout
-        m = re.search(r'<pre id="fa-figure-probe">(.*?)</pre>', dom, flags=re.S)
-        if not m:
-            return [f"{page}: the figure probe did not run in headless Chromium"], notes
-        import html as htmllib
-        figs = json.loads(htmllib.unescape(m.group(1)))
-        if not figs:
-            return [f"{page}: no figure on the page"], notes
-        # The page scrolls inside Doxygen's content pane: a window as tall as the content
-        # shows every figure at once.
-        height = int(max(f["y"] + f["h"] for f in figs)) + 40
-        png_path = tmp / "page.png"
-        subprocess.run(base + [f"--window-size={WINDOW_WIDTH},{height}", f"--screenshot={png_path}",
-                               (tmp / page).as_uri()], capture_output=True, timeout=120)
-        if shot is not None and png_path.exists():
-            shutil.copyfile(png_path, shot)
-        png = read_png(png_path) if png_path.exists() else None
-        for f in figs:
-            name = f["src"]
-            svg = html / name
-            svg_text = svg.read_text(encoding="utf-8") if svg.suffix == ".svg" and svg.exists() else ""
-            natural = f["nw"] or (svg_width(svg_text) if svg_text else 0)
-            if not natural or not f["w"]:
-                failures.append(f"{page}: figure {name} did not load")
+    name = page.name
+    try:
+        browser.open(page, width)
+        probe = json.loads(browser.evaluate(PROBE))
+    except (RuntimeError, TimeoutError, EOFError, OSError, ValueError) as e:
+        return [f"{name}: headless Chromium could not render it: {e}"], notes
+    raw = page.read_text(encoding="utf-8", errors="replace")
+    expected = raw.count("\\(") + raw.count("\\[")
+    if expected:
+        notes.append(f"{name}: {probe['typeset']} formulas typeset ({expected} in the page), "
+                     f"{probe['errors']} errors")
+        if probe["typeset"] == 0:
+            failures.append(f"{name}: MathJax typeset nothing in headless Chromium")
+    if probe["errors"]:
+        failures.append(f"{name}: MathJax reported {probe['errors']} errors in headless Chromium")
+    for c in probe["clipped"]:
+        failures.append(f"{name}: a display formula {c['w']} px wide is clipped: the text column is "
+                        f"{c['column']} px at a {width} px window, and nothing scrolls it ({c['tex']!r})")
+    figs = probe["figures"]
+    for f in figs:
+        src = f["src"] or "?"
+        svg = page.parent / src
+        svg_text = svg.read_text(encoding="utf-8") if svg.suffix == ".svg" and svg.exists() else ""
+        natural = f["nw"] or (svg_width(svg_text) if svg_text else 0)
+        if not natural or not f["w"]:
+            failures.append(f"{name}: figure {src} did not load")
+            continue
+        if f["overflows"]:
+            failures.append(f"{name}: figure {src} is wider than the text column at a {width} px window "
+                            f"({f['w']:.0f} px shown, from x = {f['x']:.0f}): it is cut off at the pane's "
+                            f"edge (not scaled to the page)")
+        scale = f["w"] / natural
+        font = svg_body_font(svg_text) if svg_text else None
+        shown = font * scale if font else None
+        notes.append(f"{name}: {src}: shown {f['w']:.0f} px wide of {natural:.0f} ({scale:.2f}×)"
+                     + (f", body text {shown:.1f} px" if shown else ""))
+        if shown is not None and shown < MIN_FONT_PX:
+            failures.append(f"{name}: figure {src} is shown at {scale:.2f}× its size: its text is "
+                            f"{shown:.1f} px high, under {MIN_FONT_PX} px (unreadable)")
+    if blank:
+        for k, f in enumerate(figs):
+            if not f["w"] or not f["h"]:
                 continue
-            scale = f["w"] / natural
-            font = svg_body_font(svg_text) if svg_text else None
-            shown = font * scale if font else None
-            notes.append(f"{name}: shown {f['w']:.0f} px wide of {natural:.0f} ({scale:.2f}×)"
-                         + (f", body text {shown:.1f} px" if shown else ""))
-            if shown is not None and shown < MIN_FONT_PX:
-                failures.append(f"{page}: figure {name} is shown at {scale:.2f}× its size: its text is "
-                                f"{shown:.1f} px high, under {MIN_FONT_PX} px (unreadable)")
-            if png is None:
-                failures.append(f"{page}: Chromium took no screenshot")
-            elif inked(png, (f["x"], f["y"], f["w"], f["h"])) < 0.01:
-                failures.append(f"{page}: figure {name} is blank in the screenshot")
+            ink = 0.0
+            for _ in range(2):  # a second look where the first found a blank box: painted late?
+                try:  # the figure scrolled into view and painted (two frames later), then its box
+                    box = json.loads(browser.evaluate(
+                        "new Promise(done => { const im = document.querySelectorAll("
+                        "'div.contents img, div.contents object')[%d]; im.scrollIntoView({block: 'start'});"
+                        " requestAnimationFrame(() => requestAnimationFrame(() => {"
+                        " const r = im.getBoundingClientRect(); done(JSON.stringify("
+                        "[r.left, r.top, r.width, Math.min(r.height, innerHeight - r.top)])); })); })" % k,
+                        wait=True))
+                    png = read_png_bytes(browser.screenshot(box))
+                except (RuntimeError, TimeoutError, EOFError, OSError, ValueError, AssertionError) as e:
+                    failures.append(f"{name}: Chromium took no screenshot of figure {f['src']}: {e}")
+                    break
+                ink = inked(png, (0, 0, png[0], png[1]))
+                if ink >= 0.01:
+                    break
+            else:
+                failures.append(f"{name}: figure {f['src']} is blank in the screenshot")
+    return failures, notes
+
+
+def check_pages(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
+    """(failures, notes) for [(page path, window width)]: the pages shared among `workers`
+    Chromium processes (one per core, at most 2), each rendering its share in turn."""
+    import threading
+    pages = list(pages)
+    workers = max(1, min(workers or min(2, os.cpu_count() or 1), len(pages)))
+    results = [None] * len(pages)
+
+    def work(k):
+        try:
+            with Browser(chromium) as b:
+                for i in range(k, len(pages), workers):
+                    page, width = pages[i]
+                    results[i] = check_page(b, page, width, blank(page))
+        except (OSError, EOFError, RuntimeError, TimeoutError) as e:
+            for i in range(k, len(pages), workers):
+                if results[i] is None:
+                    results[i] = ([f"{pages[i][0].name}: headless Chromium failed: {e}"], [])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    failures, notes = [], []
+    for f, n in results:
+        failures += f
+        notes += n
     return failures, notes
