@@ -8,7 +8,8 @@
 #
 # With HTML (Doxygen's output folder), it is incremental: it hashes every file Doxygen reads
 # (the Doxyfile's INPUT, recursively, by FILE_PATTERNS; the files of its EXAMPLE_PATH and
-# IMAGE_PATH folders; the EXTRA files: style, filters) with the Doxyfile and Doxygen's
+# IMAGE_PATH folders and every file a page quotes; the EXTRA files: style, filters, header)
+# with the Doxyfile and Doxygen's
 # version, and runs Doxygen only when that digest differs from the one of its last
 # successful run (kept in HTML/.doxygen_inputs). Before it runs, it clears HTML of what the
 # last run wrote, keeping the folders named in KEEP (MathJax, copied once), so that no page
@@ -56,7 +57,23 @@ if(DEFINED HTML)
     file(GLOB found LIST_DIRECTORIES false "${dir}/*")
     list(APPEND files ${found})
   endforeach()
-  list(APPEND files "${DOXYFILE}" ${EXTRA})
+  # The files the pages quote (\snippet FILE NAME), found as Doxygen finds them: under a
+  # folder of EXAMPLE_PATH (python/…, tests/… from the repository's root).
+  set(quoted "")
+  foreach(f IN LISTS files)
+    if(f MATCHES "\\.md$")
+      file(STRINGS "${f}" lines REGEX "^[ \t]*[\\@]snippet[ \t]+[^ \t]+")
+      foreach(line IN LISTS lines)
+        string(REGEX REPLACE "^[ \t]*[\\@]snippet[ \t]+([^ \t]+).*$" "\\1" name "${line}")
+        foreach(dir IN LISTS examples)
+          if(EXISTS "${dir}/${name}" AND NOT IS_DIRECTORY "${dir}/${name}")
+            list(APPEND quoted "${dir}/${name}")
+          endif()
+        endforeach()
+      endforeach()
+    endif()
+  endforeach()
+  list(APPEND files ${quoted} "${DOXYFILE}" ${EXTRA})
   list(REMOVE_DUPLICATES files)
   list(SORT files)
   execute_process(COMMAND "${DOXYGEN}" --version OUTPUT_VARIABLE version)
@@ -72,7 +89,8 @@ if(DEFINED HTML)
   if(EXISTS "${stamp}" AND EXISTS "${HTML}/index.html")
     file(READ "${stamp}" last)
     if(last STREQUAL digest)
-      message(STATUS "docs: Doxygen's inputs are unchanged (${HTML}); not run")
+      list(LENGTH files n)
+      message(STATUS "docs: the ${n} files Doxygen reads are unchanged since it wrote ${HTML}; not run")
       return()
     endif()
   endif()
