@@ -16,14 +16,21 @@ By parsing the HTML (Python standard library only):
   - no lab marker (LAB BEGIN / LAB END) reached any page or source listing;
   - every link on those pages and in the side-by-side reader leads to a file of the site,
     and to an anchor that exists there (a link with a scheme other than http(s), mailto or
-    javascript, such as Doxygen's autolink of `file:line`, fails);
+    javascript, such as Doxygen's autolink of `file:line`, fails); every link of the other
+    pages (the source listings, the folder pages) leads to a file of the site;
   - no rendering fault shows in their text: a literal ** (Markdown emphasis Doxygen left),
     an HTML tag shown as text (`<tt>` in a heading), a code span left in its backticks (the
-    text of a link [`x`](page.md)), a formula delimiter left over.
-With headless Chromium (when installed, or --chromium yes): one stage page and one concept
-page are rendered, and their formulas must come out as typeset MathJax without errors; the
-results page's figures are measured as shown (loaded, text at least 8 px high) and in a
-screenshot (not blank; tests/docs_render.py).
+    text of a link [`x`](page.md), or backticks around a link whose text is code), a formula
+    delimiter left over, a control character in a formula (the TAB of a \\t that was \\times);
+  - no notebook page shows a Markdown table printed as text (a |---| row in an output);
+  - no page is an empty reference page (a "File Reference" with neither a description nor
+    a member: Doxygen's page of a generated file).
+With headless Chromium (when installed, or --chromium yes), every page with formulas or
+figures is rendered (tests/docs_render.py: one Chromium process per core, driven over the
+DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
+must come out as typeset MathJax without errors, no display formula clipped at the edge of
+the text column; every figure loaded, inside the text column (scaled to the page), readable
+(text at least 8 px high) and not blank in a screenshot.
 
 Exit status 0 when everything holds; otherwise 1, after listing every failure.
 """
