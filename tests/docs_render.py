@@ -347,9 +347,9 @@ def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
     return failures, notes
 
 
-def check_pages(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
-    """(failures, notes) for [(page path, window width)]: the pages shared among `workers`
-    Chromium processes (one per core, at most 2), each rendering its share in turn."""
+def render_each(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
+    """[(failures, notes)] for [(page path, window width)], in order: the pages shared among
+    `workers` Chromium processes (one per core, at most 2), each rendering its share in turn."""
     import threading
     pages = list(pages)
     workers = max(1, min(workers or min(2, os.cpu_count() or 1), len(pages)))
@@ -371,8 +371,13 @@ def check_pages(chromium: str, pages, blank=lambda page: True, workers: int | No
         th.start()
     for th in threads:
         th.join()
+    return results
+
+
+def check_pages(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
+    """(failures, notes) of every page of [(page path, window width)] (render_each)."""
     failures, notes = [], []
-    for f, n in results:
+    for f, n in render_each(chromium, pages, blank, workers):
         failures += f
         notes += n
     return failures, notes

@@ -3,18 +3,18 @@ docs_check_faults, after docs_build).
 
     test_check_docs.py --html BUILD/docs/html --repo ROOT [--chromium auto|yes|no]
 
-For each fault, a copy of the built site (links to its files, the changed page a real file)
-gets the fault planted in one page, check_docs runs on it, and must fail with the message of
+For each fault, a copy of the built site (links to its files, the changed page a real file,
+put back after) gets the fault planted in one page, check_docs runs on it, and must fail with the message of
 that fault class. The untouched copy must pass first, so a failure is the plant's doing.
 The HTML checks run in this process (one site copy after another); the faults only a
-browser sees are planted each in its own copy and rendered by one headless Chromium, after
-the untouched pages they are planted in (docs_check renders the whole site).
+browser sees are planted each in its own copy and rendered (one headless Chromium per core)
+with the untouched pages they are planted in, which must pass (docs_check renders the whole
+site).
 """
 import argparse
 import contextlib
 import io
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -81,18 +81,30 @@ RENDER_FAULTS = [
 BLANK_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="800" height="600"></svg>\n'
 
 
-def site_copy(html: Path, site: Path, page: str, change) -> Path:
-    if site.exists():
-        shutil.rmtree(site)
+def site_copy(html: Path, site: Path) -> Path:
+    """A copy of the site made of links to its files (made once: on some file systems a
+    link costs a millisecond), with a blank figure beside them."""
     site.mkdir(parents=True)
     for entry in html.iterdir():
-        if entry.name != page:
-            os.symlink(entry.resolve(), site / entry.name)
-    old = html / page
-    text = old.read_text(encoding="utf-8") if old.exists() else ""
-    (site / page).write_text(change(text), encoding="utf-8")
+        os.symlink(entry.resolve(), site / entry.name)
     (site / "blank.svg").write_text(BLANK_SVG, encoding="utf-8")
     return site
+
+
+@contextlib.contextmanager
+def planted(html: Path, site: Path, page: str, text: str):
+    """The copy with `page` (a link to the site's) replaced by a file holding `text`, for
+    the time of the with block."""
+    target = site / page
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    target.write_text(text, encoding="utf-8")
+    try:
+        yield site
+    finally:
+        target.unlink()
+        if (html / page).exists():
+            os.symlink((html / page).resolve(), target)
 
 
 def check_html(site: Path, repo: Path):
@@ -118,28 +130,29 @@ def main() -> int:
     problems = []
     with tempfile.TemporaryDirectory(prefix="fa_docs_faults_") as tmp:
         tmp = Path(tmp)
-        rc, out = check_html(site_copy(html, tmp / "untouched", "index.html", lambda t: t), repo)
+        site = site_copy(html, tmp / "site")
+        rc, out = check_html(site, repo)
         if rc != 0:
             print(out)
             print("test_check_docs: FAIL: the untouched site does not pass check_docs")
             return 1
         print("test_check_docs: the untouched site passes (HTML)")
         for name, page, insert, expected in FAULTS:
-            if insert is None:
-                change = lambda t: EMPTY_FILE_PAGE  # noqa: E731
-            else:
-                change = (lambda ins: lambda t: t.replace("</div><!-- contents -->",
-                                                          ins + "</div><!-- contents -->", 1))(insert)
             text = (html / page).read_text(encoding="utf-8") if (html / page).exists() else ""
-            if insert is not None and change(text) == text:
-                problems.append(f"{name}: could not plant it in {page} (the page changed shape?)")
-                continue
-            rc, out = check_html(site_copy(html, tmp / "site", page, change), repo)
+            if insert is None:
+                new = EMPTY_FILE_PAGE
+            else:
+                new = text.replace("</div><!-- contents -->", insert + "</div><!-- contents -->", 1)
+                if new == text:
+                    problems.append(f"{name}: could not plant it in {page} (the page changed shape?)")
+                    continue
+            with planted(html, site, page, new):
+                rc, out = check_html(site, repo)
             report(problems, name, page, rc != 0 and expected in out, rc, expected, out)
         if not render:
             print("test_check_docs: no chromium: the rendering faults are not planted")
         else:
-            render_faults(problems, html, tmp, browser)
+            render_faults(problems, html, site, browser)
     for p in problems:
         print("test_check_docs: FAIL: " + p)
     print("test_check_docs: " + ("PASS" if not problems else f"{len(problems)} failure(s)"))
@@ -152,29 +165,31 @@ def report(problems, name, page, caught, rc, expected, out):
         problems.append(f"{name}: check_docs exited {rc} without '{expected}':\n{out[-1500:]}")
 
 
-def render_faults(problems, html: Path, tmp: Path, browser: str):
-    """The untouched pages, then each planted copy, in one Chromium."""
+def render_faults(problems, html: Path, site: Path, browser: str):
+    """The untouched pages, then each planted copy (planted<k>_<page>, beside the pages it
+    links), rendered by one Chromium per core."""
     width = {"results.html": docs_render.PAGE_WIDTH}
     untouched = sorted({page for _, page, _, _, _ in RENDER_FAULTS})
-    planted = []
+    planted_pages = []
     for k, (name, page, old, new, expected) in enumerate(RENDER_FAULTS):
         text = (html / page).read_text(encoding="utf-8")
         if old not in text:
             problems.append(f"{name}: could not plant it in {page} (the page changed shape?)")
             continue
-        site = site_copy(html, tmp / f"render{k}", page, (lambda o, w: lambda t: t.replace(o, w, 1))(old, new))
-        planted.append((name, page, expected, site / page))
-    with docs_render.Browser(browser) as b:
-        for page in untouched:
-            failures, _ = docs_render.check_page(b, html / page, width.get(page, docs_render.READER_WIDTH))
-            if failures:
-                problems.append(f"the untouched {page} does not pass in Chromium: " + "; ".join(failures))
-                return
-        print(f"test_check_docs: the untouched {', '.join(untouched)} pass (Chromium)")
-        for name, page, expected, path in planted:
-            failures, _ = docs_render.check_page(b, path, width.get(page, docs_render.READER_WIDTH))
-            out = "\n".join(failures)
-            report(problems, name, page, expected in out, 1 if failures else 0, expected, out)
+        path = site / f"planted{k}_{page}"
+        path.write_text(text.replace(old, new, 1), encoding="utf-8")
+        planted_pages.append((name, page, expected, path))
+    jobs = [(html / page, width.get(page, docs_render.READER_WIDTH)) for page in untouched]
+    jobs += [(path, width.get(page, docs_render.READER_WIDTH)) for _, page, _, path in planted_pages]
+    results = docs_render.render_each(browser, jobs)
+    bad = [f for failures, _ in results[:len(untouched)] for f in failures]
+    if bad:
+        problems.append("the untouched pages do not pass in Chromium: " + "; ".join(bad))
+        return
+    print(f"test_check_docs: the untouched {', '.join(untouched)} pass (Chromium)")
+    for (name, page, expected, _), (failures, _) in zip(planted_pages, results[len(untouched):]):
+        out = "\n".join(failures)
+        report(problems, name, page, expected in out, 1 if failures else 0, expected, out)
 
 
 if __name__ == "__main__":
