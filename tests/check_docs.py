@@ -30,7 +30,7 @@ figures is rendered (tests/docs_render.py: one Chromium process per core, driven
 DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
 must come out as typeset MathJax without errors, no display formula clipped at the edge of
 the text column; every figure loaded, inside the text column (scaled to the page), readable
-(text at least 8 px high) and not blank in a screenshot.
+(text at least 8 px high) and, for an SVG, not blank in a screenshot.
 
 Exit status 0 when everything holds; otherwise 1, after listing every failure.
 """

@@ -14,7 +14,8 @@ probe run in the page reports what the checks need. A page passes when
     at its natural size is cut off at the pane's edge), and is readable: its body text (the
     smallest font an SVG uses for labels, ticks and legend, exponents aside) comes out at
     least MIN_FONT_PX CSS pixels high at the size it is shown;
-  - every figure is painted: a screenshot of its box is not blank.
+  - every SVG figure (drawn by the project's scripts) is painted: a screenshot of its box
+    is not blank.
 
 The PNG screenshots are decoded with zlib.
 """
@@ -280,7 +281,7 @@ def inked(png, box) -> float:
 def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
     """(failures, notes) for one page of the site as `browser` renders it `width` px wide:
     formulas typeset and not clipped, figures loaded, inside the text column, readable and
-    (with blank) painted."""
+    (with blank) the SVG ones painted."""
     failures, notes = [], []
     name = page.name
     try:
@@ -323,8 +324,8 @@ def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
                             f"{shown:.1f} px high, under {MIN_FONT_PX} px (unreadable)")
     if blank:
         for k, f in enumerate(figs):
-            if not f["w"] or not f["h"]:
-                continue
+            if not f["w"] or not f["h"] or not (f["src"] or "").endswith(".svg"):
+                continue  # (a PNG is a notebook's own output: loaded and in the column is enough)
             ink = 0.0
             for _ in range(2):  # a second look where the first found a blank box: painted late?
                 try:  # the figure scrolled into view and painted (two frames later), then its box
