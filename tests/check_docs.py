@@ -30,7 +30,9 @@ figures is rendered (tests/docs_render.py: one Chromium process per core, driven
 DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
 must come out as typeset MathJax without errors, no display formula clipped at the edge of
 the text column; every figure loaded, inside the text column (scaled to the page), readable
-(text at least 8 px high) and, for an SVG, not blank in a screenshot.
+(text at least 8 px high) and, for an SVG, not blank in a screenshot. The side-by-side reader
+is opened on a stage: its notes pane must show no Doxygen header or tree, and a click on a
+code quote's file label must open the source pane at the quoted line.
 
 Exit status 0 when everything holds; otherwise 1, after listing every failure.
 """
@@ -45,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import notes  # noqa: E402  (docs/notes.py: the notes' plain-Markdown format)
-import docs_render  # noqa: E402  (tests/docs_render.py: the figures in headless Chromium)
+import docs_render  # noqa: E402  (tests/docs_render.py: the pages in headless Chromium)
 
 LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
 
@@ -490,7 +492,7 @@ class Checker:
 
     # ------------------------------------------------------------------ rendering
     def render(self, chromium: str):
-        """Every page with formulas or figures, in one headless Chromium (tests/docs_render.py):
+        """Every page with formulas or figures, in headless Chromium (tests/docs_render.py):
         the notes, concept, notebook and other pages at the width of a pane of the
         side-by-side reader, the results page at a window's; formulas typeset, none
         clipped, figures loaded, inside the text column, readable and painted."""
@@ -505,6 +507,19 @@ class Checker:
         print(f"check_docs: chromium rendered {len(pages)} pages")
         for f in failures:
             self.fail(f)
+        # The side-by-side reader, on the first stage whose notes quote code.
+        stage = next((d.name for d in sorted((self.repo / "stages").glob("[0-9][0-9]_*"))
+                      if (self.html / f"stage_{d.name[:2]}.html").exists()
+                      and 'class="snippetfile"><a ' in (self.html / f"stage_{d.name[:2]}.html").read_text(
+                          encoding="utf-8", errors="replace")), None)
+        if stage and self.have_reader:
+            with docs_render.Browser(chromium) as b:
+                failures = docs_render.check_reader(b, self.html / "reader.html", stage)
+            print(f"check_docs: chromium: the reader at #{stage}: the notes pane without Doxygen's "
+                  f"header and tree, a code quote's file label opening the source pane"
+                  + (" (failed)" if failures else ""))
+            for f in failures:
+                self.fail(f)
 
 
 def main(argv=None) -> int:

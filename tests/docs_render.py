@@ -112,9 +112,11 @@ class Browser:
 
     # --- the protocol
     def _read(self):
+        import select
         deadline = time.monotonic() + self.timeout
         while b"\0" not in self._buf:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._from_chrome], [], [], left)[0]:
                 raise TimeoutError("Chromium did not answer")
             chunk = os.read(self._from_chrome, 1 << 16)
             if not chunk:
@@ -138,12 +140,14 @@ class Browser:
             self._events.append(m)
 
     def _wait_event(self, name: str):
-        while True:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
             for k, m in enumerate(self._events):
                 if m.get("method") == name:
                     del self._events[k]
                     return m
             self._events.append(self._read())
+        raise TimeoutError(f"no {name} from Chromium")
 
     def evaluate(self, expression: str, wait: bool = False):
         r = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": wait,
@@ -158,10 +162,16 @@ class Browser:
         self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
                                                           "deviceScaleFactor": 1, "mobile": False},
                   session=True)
-        self._events = [m for m in self._events if m.get("method") != "Page.loadEventFired"]
-        self.call("Page.navigate", {"url": path.resolve().as_uri()}, session=True)
-        self._wait_event("Page.loadEventFired")
+        self.navigate(path.resolve().as_uri())
         self.evaluate(MATHJAX_DONE, wait=True)
+
+    def navigate(self, url: str):
+        """Goes to url and waits for its load event (a new document's: a change of the
+        fragment alone is first undone by a visit to about:blank)."""
+        for u in ("about:blank", url):
+            self._events = [m for m in self._events if m.get("method") != "Page.loadEventFired"]
+            if "loaderId" in self.call("Page.navigate", {"url": u}, session=True):
+                self._wait_event("Page.loadEventFired")
 
     def screenshot(self, box) -> bytes:
         """A PNG of box (x, y, w, h in CSS px of the viewport): its top 300 px, scaled to at
@@ -346,6 +356,60 @@ def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
             else:
                 failures.append(f"{name}: figure {f['src']} is blank in the screenshot")
     return failures, notes
+
+
+def check_reader(browser: Browser, reader: Path, stage: str, width: int = 1920, height: int = 1000):
+    """Failures of the side-by-side reader (reader.html#<stage>) at a full-screen window:
+    its notes pane must show the page without Doxygen's header and navigation tree
+    (docs/pane.js), and a click on the file label of the notes' first code quote must open
+    that listing in the source pane at the quote's line, the notes staying where they are."""
+    name = reader.name
+    try:
+        browser.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                             "deviceScaleFactor": 1, "mobile": False},
+                     session=True)
+        browser.navigate(reader.resolve().as_uri() + "#" + stage)
+        notes_url = browser.evaluate("document.getElementById('notes').src")
+        frames = browser.call("Page.getFrameTree", session=True)["frameTree"].get("childFrames", [])
+        frame = next((f["frame"]["id"] for f in frames if f["frame"]["url"] == notes_url), None)
+        contexts = [m["params"]["context"] for m in browser._events
+                    if m.get("method") == "Runtime.executionContextCreated"
+                    and m["params"]["context"].get("auxData", {}).get("frameId") == frame]
+        if not frame or not contexts:
+            return [f"{name}#{stage}: the notes pane ({notes_url}) did not load"]
+
+        def in_notes(expression):
+            r = browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                  "contextId": contexts[-1]["id"]}, session=True)
+            return r.get("result", {}).get("value")
+
+        failures = []
+        shown = in_notes("['top', 'side-nav'].filter(id => { const e = document.getElementById(id);"
+                         " return e && getComputedStyle(e).display !== 'none'; }).join(', ')")
+        if shown:
+            failures.append(f"{name}#{stage}: the notes pane shows Doxygen's #{shown} (the page does not "
+                            f"load pane.js, or style.css does not hide it in a pane)")
+        href = in_notes("(() => { const a = document.querySelector('div.snippetfile a');"
+                        " if (!a) return null; a.click(); return a.getAttribute('href'); })()")
+        if not href:
+            return failures + [f"{name}#{stage}: the notes have no code quote with a file label"]
+        deadline = time.monotonic() + 5
+        source = None
+        while time.monotonic() < deadline:
+            source = browser.evaluate("document.getElementById('source').getAttribute('src')")
+            if source == href:
+                break
+            time.sleep(0.05)
+        if source != href:
+            failures.append(f"{name}#{stage}: a click on the code quote's file label ({href}) did not open "
+                            f"the source pane there (it shows {source})")
+        now = browser.evaluate("document.getElementById('notes').contentWindow ? "
+                               "document.getElementById('notes').src : ''")
+        if now != notes_url:
+            failures.append(f"{name}#{stage}: the click replaced the notes pane ({now})")
+        return failures
+    except (RuntimeError, TimeoutError, EOFError, OSError, ValueError, KeyError) as e:
+        return [f"{name}#{stage}: headless Chromium could not run the reader: {e}"]
 
 
 def render_each(chromium: str, pages, blank=lambda page: True, workers: int | None = None):

@@ -78,6 +78,15 @@ RENDER_FAULTS = [
     ("MathJax error", "concept_io.html", "</div><!-- contents -->",
      "<p>\\(\\frac{1}{\\)</p></div><!-- contents -->", "MathJax reported"),
 ]
+# Faults of the side-by-side reader: (name, change to reader.html, page to plant beside it
+# (name, old text, new text) or None, expected message).
+READER_FAULTS = [
+    ("quote opens in the notes pane", ('window.addEventListener("message"', 'window.addEventListener("no-message"'),
+     None, "did not open the source pane"),
+    ("pane shows Doxygen's header", ('"notes": "stage_01.html"', '"notes": "planted_stage_01.html"'),
+     ("stage_01.html", '<script type="text/javascript" src="pane.js"></script>', ""),
+     "the notes pane shows Doxygen's"),
+]
 BLANK_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="800" height="600"></svg>\n'
 
 
@@ -187,9 +196,38 @@ def render_faults(problems, html: Path, site: Path, browser: str):
         problems.append("the untouched pages do not pass in Chromium: " + "; ".join(bad))
         return
     print(f"test_check_docs: the untouched {', '.join(untouched)} pass (Chromium)")
+    reader_faults(problems, html, site, browser)
     for (name, page, expected, _), (failures, _) in zip(planted_pages, results[len(untouched):]):
         out = "\n".join(failures)
         report(problems, name, page, expected in out, 1 if failures else 0, expected, out)
+
+
+def reader_faults(problems, html: Path, site: Path, browser: str):
+    """The side-by-side reader on stage 01, untouched and with each fault (a changed copy,
+    planted_<k>_reader.html, and the page it shows planted beside it)."""
+    stage = next(d.name for d in sorted(Path(check_docs.__file__).resolve().parent.parent.glob("stages/01_*")))
+    reader = (html / "reader.html").read_text(encoding="utf-8")
+    with docs_render.Browser(browser) as b:
+        failures = docs_render.check_reader(b, html / "reader.html", stage)
+        if failures:
+            problems.append("the untouched reader does not pass in Chromium: " + "; ".join(failures))
+            return
+        print(f"test_check_docs: the untouched reader.html#{stage} passes (Chromium)")
+        for k, (name, (old, new), page, expected) in enumerate(READER_FAULTS):
+            if old not in reader:
+                problems.append(f"{name}: could not plant it in reader.html (the page changed shape?)")
+                continue
+            if page:
+                source, old_text, new_text = page
+                text = (html / source).read_text(encoding="utf-8")
+                if old_text not in text:
+                    problems.append(f"{name}: could not plant it in {source} (the page changed shape?)")
+                    continue
+                (site / f"planted_{source}").write_text(text.replace(old_text, new_text), encoding="utf-8")
+            path = site / f"planted{k}_reader.html"
+            path.write_text(reader.replace(old, new), encoding="utf-8")
+            out = "\n".join(docs_render.check_reader(b, path, stage))
+            report(problems, name, "reader.html", expected in out, 1 if out else 0, expected, out)
 
 
 if __name__ == "__main__":
