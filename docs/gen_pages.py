@@ -407,26 +407,37 @@ def cmd_reader(args) -> int:
         return 1
     page = template.replace(marker, "const STAGES = " + json.dumps(data, indent=1) + ";")
     Path(args.html, "reader.html").write_text(page, encoding="utf-8")
-    removed = remove_build_folders(repo, Path(args.html))
+    removed = remove_build_folders(repo, Path(args.html), Path(args.gen or Path(args.html).parent / "generated"))
     print(f"docs: reader.html with {len(data)} stages" + (f"; the pages of {removed} of the build's "
                                                           f"folders removed" if removed else ""))
     return 0
 
 
-def remove_build_folders(repo: Path, html_dir: Path) -> int:
-    """Doxygen writes a page per folder of its input (dir_<md5 of the path>.html): those of
-    common/ and stages/ list their files' listings; those of the build's folders (the notes
-    converted for Doxygen) list nothing, and only each other link them: removed. Returns how
-    many were."""
+def remove_build_folders(repo: Path, html_dir: Path, gen: Path) -> int:
+    """Doxygen writes a page per folder of its input, dir_<md5 of the folder's path from the
+    inputs' common prefix>.html: those of common/ and stages/ list their files' listings;
+    those of the build's folders (GEN, the notes converted for Doxygen, and the folders above
+    it that do not hold the repository) list nothing, and only each other link them:
+    removed. The prefix depends on where the build is, so every form of each path is tried
+    (a form that also names a folder of the repository is kept). Returns how many were."""
     import hashlib
-    keep = set()
+
+    def forms(path: Path):
+        parts = path.resolve().parts[1:]
+        return {"/".join(parts[k:]) + "/" for k in range(len(parts))} | {"/" + "/".join(parts) + "/"}
+
+    gen, repo = gen.resolve(), repo.resolve()
+    build = [gen] + [p for p in gen.rglob("*") if p.is_dir()]
+    build += [a for a in gen.parents if a != Path(a.anchor) and a not in repo.parents and a != repo]
+    ours = [repo] + list(repo.parents)
     for top in (repo / "common", repo / "stages"):
-        for d in [top] + [p for p in top.rglob("*") if p.is_dir()]:
-            rel = d.relative_to(repo).as_posix() + "/"
-            keep.add("dir_" + hashlib.md5(rel.encode()).hexdigest())
+        ours += [top] + [p for p in top.rglob("*") if p.is_dir()]
+    keep = set().union(*(forms(p) for p in ours))
+    gone = {"dir_" + hashlib.md5(f.encode()).hexdigest()
+            for p in build for f in forms(p) if f not in keep}
     removed = 0
     for page in html_dir.glob("dir_*.html"):
-        if page.stem not in keep:
+        if page.stem in gone:
             page.unlink()
             page.with_suffix(".js").unlink(missing_ok=True)
             removed += 1
@@ -444,6 +455,7 @@ def main() -> int:
     r.add_argument("--tag", required=True)
     r.add_argument("--html", required=True)
     r.add_argument("--template", required=True)
+    r.add_argument("--gen", help="the pages generated for Doxygen (default: HTML/../generated)")
     args = ap.parse_args()
     return cmd_pages(args) if args.cmd == "pages" else cmd_reader(args)
 
