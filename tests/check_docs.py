@@ -500,26 +500,27 @@ class Checker:
         for pattern in ("index.html", "stage_[0-9][0-9].html", "concept_*.html", "notebook_*.html",
                         "design.html", "lab_guide.html"):
             pages += [(p, docs_render.READER_WIDTH) for p in sorted(self.html.glob(pattern))]
-        failures, notes_ = docs_render.check_pages(chromium, [(p, w) for p, w in pages if p.exists()])
-        for n in notes_:
-            if "formulas typeset" in n or "results.html" in n:
-                print(f"check_docs: chromium: {n}")
-        print(f"check_docs: chromium rendered {len(pages)} pages")
-        for f in failures:
-            self.fail(f)
-        # The side-by-side reader, on the first stage whose notes quote code.
+        # and the side-by-side reader, on the first stage whose notes quote code
         stage = next((d.name for d in sorted((self.repo / "stages").glob("[0-9][0-9]_*"))
                       if (self.html / f"stage_{d.name[:2]}.html").exists()
                       and 'class="snippetfile"><a ' in (self.html / f"stage_{d.name[:2]}.html").read_text(
                           encoding="utf-8", errors="replace")), None)
+        reader = None
         if stage and self.have_reader:
-            with docs_render.Browser(chromium) as b:
-                failures = docs_render.check_reader(b, self.html / "reader.html", stage)
-            print(f"check_docs: chromium: the reader at #{stage}: the notes pane without Doxygen's "
-                  f"header and tree, a code quote's file label opening the source pane"
-                  + (" (failed)" if failures else ""))
+            def reader(b):
+                return docs_render.check_reader(b, self.html / "reader.html", stage), []
+        results = docs_render.render_each(chromium, [(p, w) for p, w in pages if p.exists()], then=reader)
+        for failures, notes_ in results:
+            for n in notes_:
+                if "formulas typeset" in n or "results.html" in n:
+                    print(f"check_docs: chromium: {n}")
             for f in failures:
                 self.fail(f)
+        print(f"check_docs: chromium rendered {len(pages)} pages")
+        if reader:
+            print(f"check_docs: chromium: the reader at #{stage}: the notes pane without Doxygen's "
+                  f"header and tree, a code quote's file label opening the source pane"
+                  + (" (failed)" if results[-1][0] else ""))
 
 
 def main(argv=None) -> int:

@@ -412,13 +412,16 @@ def check_reader(browser: Browser, reader: Path, stage: str, width: int = 1920, 
         return [f"{name}#{stage}: headless Chromium could not run the reader: {e}"]
 
 
-def render_each(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
+def render_each(chromium: str, pages, blank=lambda page: True, workers: int | None = None,
+                then=None):
     """[(failures, notes)] for [(page path, window width)], in order: the pages shared among
-    `workers` Chromium processes (one per core, at most 2), each rendering its share in turn."""
+    `workers` Chromium processes (one per core, at most 2), each rendering its share in turn.
+    `then` (a function of a Browser), if given, runs in the last worker's browser after its
+    pages; its result is the list's last element."""
     import threading
     pages = list(pages)
     workers = max(1, min(workers or min(2, os.cpu_count() or 1), len(pages)))
-    results = [None] * len(pages)
+    results = [None] * len(pages) + ([None] if then else [])
 
     def work(k):
         try:
@@ -426,10 +429,14 @@ def render_each(chromium: str, pages, blank=lambda page: True, workers: int | No
                 for i in range(k, len(pages), workers):
                     page, width = pages[i]
                     results[i] = check_page(b, page, width, blank(page))
+                if then and k == workers - 1:
+                    results[-1] = then(b)
         except (OSError, EOFError, RuntimeError, TimeoutError) as e:
             for i in range(k, len(pages), workers):
                 if results[i] is None:
                     results[i] = ([f"{pages[i][0].name}: headless Chromium failed: {e}"], [])
+            if then and k == workers - 1 and results[-1] is None:
+                results[-1] = ([f"headless Chromium failed: {e}"], [])
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
     for th in threads:

@@ -190,44 +190,58 @@ def render_faults(problems, html: Path, site: Path, browser: str):
         planted_pages.append((name, page, expected, path))
     jobs = [(html / page, width.get(page, docs_render.READER_WIDTH)) for page in untouched]
     jobs += [(path, width.get(page, docs_render.READER_WIDTH)) for _, page, _, path in planted_pages]
-    results = docs_render.render_each(browser, jobs)
+    reader_results = []
+    results = docs_render.render_each(browser, jobs, then=lambda b: reader_results.extend(
+        reader_faults(html, site, b)) or ([], []))
     bad = [f for failures, _ in results[:len(untouched)] for f in failures]
     if bad:
         problems.append("the untouched pages do not pass in Chromium: " + "; ".join(bad))
         return
     print(f"test_check_docs: the untouched {', '.join(untouched)} pass (Chromium)")
-    reader_faults(problems, html, site, browser)
     for (name, page, expected, _), (failures, _) in zip(planted_pages, results[len(untouched):]):
         out = "\n".join(failures)
         report(problems, name, page, expected in out, 1 if failures else 0, expected, out)
+    for failure in results[-1][0]:
+        problems.append(failure)
+    for r in reader_results:
+        if r[0] == "untouched":
+            if r[1]:
+                problems.append("the untouched reader does not pass in Chromium: " + "; ".join(r[1]))
+                return
+            print(f"test_check_docs: the untouched reader.html#{r[2]} passes (Chromium)")
+        elif r[0] == "unplanted":
+            problems.append(r[1])
+        else:
+            name, out, expected = r[1], r[2], r[3]
+            report(problems, name, "reader.html", expected in out, 1 if out else 0, expected, out)
 
 
-def reader_faults(problems, html: Path, site: Path, browser: str):
-    """The side-by-side reader on stage 01, untouched and with each fault (a changed copy,
-    planted_<k>_reader.html, and the page it shows planted beside it)."""
+def reader_faults(html: Path, site: Path, b):
+    """The side-by-side reader on stage 01 in browser b, untouched and with each fault (a
+    changed copy, planted<k>_reader.html, and the page it shows planted beside it): a list of
+    ("untouched", failures, stage), ("unplanted", message) and ("planted", name, output,
+    expected)."""
     stage = next(d.name for d in sorted(Path(check_docs.__file__).resolve().parent.parent.glob("stages/01_*")))
     reader = (html / "reader.html").read_text(encoding="utf-8")
-    with docs_render.Browser(browser) as b:
-        failures = docs_render.check_reader(b, html / "reader.html", stage)
-        if failures:
-            problems.append("the untouched reader does not pass in Chromium: " + "; ".join(failures))
-            return
-        print(f"test_check_docs: the untouched reader.html#{stage} passes (Chromium)")
-        for k, (name, (old, new), page, expected) in enumerate(READER_FAULTS):
-            if old not in reader:
-                problems.append(f"{name}: could not plant it in reader.html (the page changed shape?)")
+    failures = docs_render.check_reader(b, html / "reader.html", stage)
+    out = [("untouched", failures, stage)]
+    if failures:
+        return out
+    for k, (name, (old, new), page, expected) in enumerate(READER_FAULTS):
+        if old not in reader:
+            out.append(("unplanted", f"{name}: could not plant it in reader.html (the page changed shape?)"))
+            continue
+        if page:
+            source, old_text, new_text = page
+            text = (html / source).read_text(encoding="utf-8")
+            if old_text not in text:
+                out.append(("unplanted", f"{name}: could not plant it in {source} (the page changed shape?)"))
                 continue
-            if page:
-                source, old_text, new_text = page
-                text = (html / source).read_text(encoding="utf-8")
-                if old_text not in text:
-                    problems.append(f"{name}: could not plant it in {source} (the page changed shape?)")
-                    continue
-                (site / f"planted_{source}").write_text(text.replace(old_text, new_text), encoding="utf-8")
-            path = site / f"planted{k}_reader.html"
-            path.write_text(reader.replace(old, new), encoding="utf-8")
-            out = "\n".join(docs_render.check_reader(b, path, stage))
-            report(problems, name, "reader.html", expected in out, 1 if out else 0, expected, out)
+            (site / f"planted_{source}").write_text(text.replace(old_text, new_text), encoding="utf-8")
+        path = site / f"planted{k}_reader.html"
+        path.write_text(reader.replace(old, new), encoding="utf-8")
+        out.append(("planted", name, "\n".join(docs_render.check_reader(b, path, stage)), expected))
+    return out
 
 
 if __name__ == "__main__":
