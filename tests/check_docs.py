@@ -505,10 +505,9 @@ class Checker:
                       if (self.html / f"stage_{d.name[:2]}.html").exists()
                       and 'class="snippetfile"><a ' in (self.html / f"stage_{d.name[:2]}.html").read_text(
                           encoding="utf-8", errors="replace")), None)
-        reader = None
-        if stage and self.have_reader:
-            def reader(b):
-                return docs_render.check_reader(b, self.html / "reader.html", stage), []
+        def open_reader(b):
+            return docs_render.check_reader(b, self.html / "reader.html", stage), []
+        reader = open_reader if stage and self.have_reader else None
         results = docs_render.render_each(chromium, [(p, w) for p, w in pages if p.exists()], then=reader)
         for failures, notes_ in results:
             for n in notes_:
