@@ -19,7 +19,7 @@
         the build here, with a message that says so.
 
     gen_pages.py reader --repo ROOT --tag TAGFILE --html HTML --template docs/reader.html
-        After Doxygen. Removes the pages of the build's folders (remove_build_folders), writes
+        After Doxygen. Removes the pages of the build's folders (docs/build_folders.py), writes
         HTML/reader.html, the side-by-side reader (notes on the left,
         annotated source on the right), with the notes' page names read from Doxygen's tag
         file and the listings' from Doxygen's naming rule (docs/notes_tree.py).
@@ -30,7 +30,6 @@ import argparse
 import csv
 import html
 import json
-import math
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -407,41 +406,11 @@ def cmd_reader(args) -> int:
         return 1
     page = template.replace(marker, "const STAGES = " + json.dumps(data, indent=1) + ";")
     Path(args.html, "reader.html").write_text(page, encoding="utf-8")
+    from build_folders import remove_build_folders  # docs/build_folders.py, beside this script
     removed = remove_build_folders(repo, Path(args.html), Path(args.gen or Path(args.html).parent / "generated"))
     print(f"docs: reader.html with {len(data)} stages" + (f"; the pages of {removed} of the build's "
                                                           f"folders removed" if removed else ""))
     return 0
-
-
-def remove_build_folders(repo: Path, html_dir: Path, gen: Path) -> int:
-    """Doxygen writes a page per folder of its input, dir_<md5 of the folder's path from the
-    inputs' common prefix>.html: those of common/ and stages/ list their files' listings;
-    those of the build's folders (GEN, the notes converted for Doxygen, and the folders above
-    it that do not hold the repository) list nothing, and only each other link them:
-    removed. The prefix depends on where the build is, so every form of each path is tried
-    (a form that also names a folder of the repository is kept). Returns how many were."""
-    import hashlib
-
-    def forms(path: Path):
-        parts = path.resolve().parts[1:]
-        return {"/".join(parts[k:]) + "/" for k in range(len(parts))} | {"/" + "/".join(parts) + "/"}
-
-    gen, repo = gen.resolve(), repo.resolve()
-    build = [gen] + [p for p in gen.rglob("*") if p.is_dir()]
-    build += [a for a in gen.parents if a != Path(a.anchor) and a not in repo.parents and a != repo]
-    ours = [repo] + list(repo.parents)
-    for top in (repo / "common", repo / "stages"):
-        ours += [top] + [p for p in top.rglob("*") if p.is_dir()]
-    keep = set().union(*(forms(p) for p in ours))
-    gone = {"dir_" + hashlib.md5(f.encode()).hexdigest()
-            for p in build for f in forms(p) if f not in keep}
-    removed = 0
-    for page in html_dir.glob("dir_*.html"):
-        if page.stem in gone:
-            page.unlink()
-            page.with_suffix(".js").unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 def main() -> int:
