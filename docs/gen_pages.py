@@ -19,8 +19,10 @@
         the build here, with a message that says so.
 
     gen_pages.py reader --repo ROOT --tag TAGFILE --html HTML --template docs/reader.html
-        After Doxygen. Writes HTML/reader.html, the side-by-side reader (notes on the left,
-        annotated source on the right), with the page names read from Doxygen's tag file.
+        After Doxygen. Removes the pages of the build's folders (docs/build_folders.py), writes
+        HTML/reader.html, the side-by-side reader (notes on the left,
+        annotated source on the right), with the notes' page names read from Doxygen's tag
+        file and the listings' from Doxygen's naming rule (docs/notes_tree.py).
 
 Python standard library only: the docs build must not need numpy or matplotlib.
 """
@@ -28,7 +30,6 @@ import argparse
 import csv
 import html
 import json
-import math
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -118,39 +119,26 @@ def md_escape(text: str) -> str:
     return text
 
 
-def doxygen_disk_name(name: str):
-    """Doxygen's output name for a file with a unique name (CASE_SENSE_NAMES = YES,
-    SHORT_NAMES = NO): naive.cpp → naive_8cpp. None for characters this does not cover."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        return None
-    return name.replace("_", "__").replace(".", "_8")
+def source_pages(repo: Path):
+    """path → the page of that source's annotated listing (NAME_source.html), or None:
+    Doxygen's own naming (docs/notes_tree.py), which the notes' code quotes use too."""
+    import notes  # docs/notes.py, beside this script
+    return notes.Tree(repo).source_page
 
 
-def input_names(repo: Path):
-    """How often each file name occurs among the sources Doxygen reads."""
-    count = {}
-    for top in (repo / "common", repo / "stages"):
-        for p in top.rglob("*"):
-            if p.is_file() and p.suffix in SOURCE_EXTS:
-                count[p.name] = count.get(p.name, 0) + 1
-    return count
-
-
-def stage_table(stages, names) -> str:
+def stage_table(stages, source_page) -> str:
     rows = ["| Stage | What it adds | Notes | Source (annotated) | Read |",
             "|:--|:--|:--|:--|:--|"]
     for s in stages:
         notes = (f"\\ref {s.label} \"{md_escape(s.title.split(':', 1)[1].strip())}\""
                  if s.label else "notes not written yet")
         src = "—"
-        if s.main_source:
-            # Link the source listing (with every comment) when its page name is certain;
-            # tests/check_docs.py checks that the target exists. Otherwise the file's page.
-            disk = doxygen_disk_name(s.main_source.name)
-            if disk and names.get(s.main_source.name) == 1:
-                src = f"<a href=\"{disk}_source.html\">{s.main_source.name}</a>"
-            else:
-                src = f"\\ref {s.name}/{s.main_source.name} \"{s.main_source.name}\""
+        page = source_page(s.main_source.resolve()) if s.main_source else None
+        if page:
+            # The source listing, with every comment; tests/check_docs.py checks the link.
+            src = f"<a href=\"{page}\">{s.main_source.name}</a>"
+        elif s.main_source:
+            src = f"`{s.main_source.name}`"
         read = f"<a href=\"reader.html#{s.name}\">side by side</a>"
         rows.append(f"| `{s.name}` | {md_escape(s.idea) or '—'} | {notes} | {src} | {read} |")
     if not stages:
@@ -311,23 +299,22 @@ def results_page(tables, repo: Path, rd) -> str:
     return "\n".join(out)
 
 
-def stage_nav(stage, stages, names) -> str:
+def stage_nav(stage, stages, source_page) -> str:
     """The line at the top and the bottom of a stage's notes on the site: the previous and
     the next stage, the stage's annotated main source, its notes beside its source."""
     noted = [s for s in stages if s.label]
     k = noted.index(stage)
     parts = [f'\\ref {noted[k - 1].label} "← {md_escape(noted[k - 1].title)}"'] if k else []
-    if stage.main_source:
-        disk = doxygen_disk_name(stage.main_source.name)
-        if disk and names.get(stage.main_source.name) == 1:
-            parts.append(f'source: <a href="{disk}_source.html">{stage.main_source.name}</a>')
+    page = source_page(stage.main_source.resolve()) if stage.main_source else None
+    if page:
+        parts.append(f'source: <a href="{page}">{stage.main_source.name}</a>')
     parts.append(f'<a href="reader.html#{stage.name}">notes and source side by side</a>')
     if k + 1 < len(noted):
         parts.append(f'\\ref {noted[k + 1].label} "{md_escape(noted[k + 1].title)} →"')
     return '<div class="stagenav">' + " · ".join(parts) + "</div>"
 
 
-def write_notes(repo: Path, out: Path, stages, names) -> list:
+def write_notes(repo: Path, out: Path, stages, source_page) -> list:
     """Every note (docs/notes.py) converted for Doxygen into GEN/notes/<its path>, line for
     line; a stage's notes get the navigation line under the title and at the end."""
     import notes  # docs/notes.py, beside this script
@@ -337,7 +324,7 @@ def write_notes(repo: Path, out: Path, stages, names) -> list:
         errors += errs
         stage = next((s for s in stages if s.label and s.readme.resolve() == note.path), None)
         if stage:
-            nav, lines = stage_nav(stage, stages, names), text.split("\n")
+            nav, lines = stage_nav(stage, stages, source_page), text.split("\n")
             if len(lines) > 1 and not lines[1].strip():
                 lines[1] = nav  # the blank line under the title: line numbers stay
             text = "\n".join(lines).rstrip("\n") + "\n\n" + nav + "\n"
@@ -370,7 +357,7 @@ def cmd_pages(args) -> int:
                                         f"python3 docs/figures.py and commit it" for n in figures.stale()]
     errors += [f"{rel}: its summary table differs from the CSVs': run scripts/results/plot_results.py and "
                f"commit it" for rel in rd.stale_summaries(repo)]
-    errors += write_notes(repo, out, stages, input_names(repo))
+    errors += write_notes(repo, out, stages, source_pages(repo))
     import notebook_pages  # docs/notebook_pages.py, beside this script
     errors += notebook_pages.write_notebook_pages(repo, out)
     if errors:
@@ -378,7 +365,7 @@ def cmd_pages(args) -> int:
             print("docs: " + e, file=sys.stderr)
         return 1
     tables = read_csvs(repo / "docs" / "results")
-    write_if_changed(out / "include" / "stage_table.md", stage_table(stages, input_names(repo)))
+    write_if_changed(out / "include" / "stage_table.md", stage_table(stages, source_pages(repo)))
     write_if_changed(out / "pages" / "stages.md", stages_page(stages))
     write_if_changed(out / "pages" / "results.md", results_page(tables, repo, rd))
     for fig in sorted((repo / "docs" / "results" / "figures").glob("*.svg")):
@@ -394,26 +381,18 @@ def cmd_pages(args) -> int:
 def cmd_reader(args) -> int:
     repo = Path(args.repo).resolve()
     tag = ET.parse(args.tag).getroot()
-    files, pages = {}, {}
-    for c in tag.findall("compound"):
-        kind = c.get("kind")
-        if kind == "file":
-            path = Path((c.findtext("path") or "")) / (c.findtext("name") or "")
-            files[path.resolve()] = c.findtext("filename")
-        elif kind == "page":
-            pages[c.findtext("name")] = c.findtext("filename")
+    pages = {c.findtext("name"): c.findtext("filename")
+             for c in tag.findall("compound") if c.get("kind") == "page"}
+    source_page = source_pages(repo)
     stages = find_stages(repo)
     read_titles(stages)
     data = []
     for s in stages:
         entries = []
         for p in s.sources:
-            page = files.get(p.resolve())
-            if not page:
-                continue
-            page = page if page.endswith(".html") else page + ".html"
-            entries.append({"name": p.name, "href": page[:-len(".html")] + "_source.html",
-                            "main": p == s.main_source})
+            page = source_page(p.resolve())
+            if page and Path(args.html, page).exists():
+                entries.append({"name": p.name, "href": page, "main": p == s.main_source})
         entries.sort(key=lambda e: (not e["main"], e["name"]))
         notes = pages.get(s.label) if s.label else None
         if notes and not notes.endswith(".html"):
@@ -427,7 +406,10 @@ def cmd_reader(args) -> int:
         return 1
     page = template.replace(marker, "const STAGES = " + json.dumps(data, indent=1) + ";")
     Path(args.html, "reader.html").write_text(page, encoding="utf-8")
-    print(f"docs: reader.html with {len(data)} stages")
+    from build_folders import remove_build_folders  # docs/build_folders.py, beside this script
+    removed = remove_build_folders(repo, Path(args.html), Path(args.gen or Path(args.html).parent / "generated"))
+    print(f"docs: reader.html with {len(data)} stages" + (f"; the pages of {removed} of the build's "
+                                                          f"folders removed" if removed else ""))
     return 0
 
 
@@ -442,6 +424,7 @@ def main() -> int:
     r.add_argument("--tag", required=True)
     r.add_argument("--html", required=True)
     r.add_argument("--template", required=True)
+    r.add_argument("--gen", help="the pages generated for Doxygen (default: HTML/../generated)")
     args = ap.parse_args()
     return cmd_pages(args) if args.cmd == "pages" else cmd_reader(args)
 

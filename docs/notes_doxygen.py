@@ -13,8 +13,8 @@ from pathlib import Path
 from notes_calc import strip_markers as strip_calc_markers
 from notes_tree import (ANCHOR_LINE_RE, CODE_SPAN_RE, DISPLAY_INLINE_RE, GENERATED_PAGES,
                         HEADING_RE, IMAGE_DIRS, INLINE_MATH_RE, LINK_RE, OLD_HEADING_RE, SOURCE_EXTS,
-                        Note, NoteError, Protect, Tree, notebook_label, snippet_blocks, split_fences,
-                        sync_text)
+                        Note, NoteError, Protect, Tree, notebook_label, snippet_blocks, snippet_line,
+                        split_fences, sync_text)
 
 
 # ----------------------------------------------------------------------------- to Doxygen
@@ -143,10 +143,15 @@ class Converter:
         caption = m.group(2).replace('"', "'")
         return f'{m.group(1)}\\image html {full.name} "{caption}"'
 
-    def snippet_caption(self, file: str) -> str:
+    def snippet_caption(self, file: str, snippet: str) -> str:
+        """The quote's file, linked to its listing at the quote's first line (in the
+        side-by-side reader, the source pane opens there)."""
         src = self.tree.example_file(file, self.dir)
         page = self.tree.source_page(src) if src else None
         name = src.name if src else file
+        line = snippet_line(src, snippet) if page else None
+        if line:
+            page += f"#l{line:05d}"
         link = f'<a href="{page}">{name}</a>' if page else name
         return f'<div class="snippetfile">{link}</div>'
 
@@ -176,7 +181,7 @@ class Converter:
         # Snippet blocks: the caption and \snippet on the marker's two lines, blanks after.
         skip = set()
         for start, end, indent, file, name in snippet_blocks(lines, self.note.rel):
-            out[start] = indent + self.snippet_caption(file)
+            out[start] = indent + self.snippet_caption(file, name)
             block = [indent + f"\\snippet {file} {name}"] + [""] * (end - start - 2)
             out[start + 1:end] = block
             skip.update(range(start, end))

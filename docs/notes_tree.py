@@ -199,6 +199,21 @@ def snippet_text(source: Path, name: str, keep_lab_markers: bool = False) -> str
     return "\n".join(line[indent:] for line in body)
 
 
+def snippet_line(source: Path, name: str) -> int | None:
+    """The line (1-based) of `source` where the quote of snippet `name` begins: its first
+    line that is neither blank nor a marker; the anchor of that line in the source's
+    listing is `l` and the number in five digits (l00042)."""
+    lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
+    tag = f"[{name}]"
+    at = [i for i, line in enumerate(lines) if tag in line]
+    if len(at) < 2:
+        return None
+    for i in range(at[0] + 1, at[1]):
+        if lines[i].strip() and not MARKER_LINE_RE.match(lines[i]) and not LAB_LINE_RE.match(lines[i]):
+            return i + 1
+    return at[0] + 1
+
+
 def fence_language(path: Path) -> str:
     return {".cu": "cuda", ".cuh": "cuda", ".py": "python", ".sh": "sh"}.get(path.suffix, "cpp")
 

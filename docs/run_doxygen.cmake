@@ -1,13 +1,107 @@
-# Runs Doxygen and fails on any warning: cmake -D DOXYGEN=... -D DOXYFILE=... -D LOG=... -P run_doxygen.cmake
+# Runs Doxygen and fails on any warning:
+#   cmake -D DOXYGEN=... -D DOXYFILE=... -D LOG=... [-D HTML=... -D KEEP=... -D EXTRA=...]
+#         -P run_doxygen.cmake
 #
 # The Doxyfile sends warnings to LOG (WARN_LOGFILE) and sets WARN_AS_ERROR =
 # FAIL_ON_WARNINGS; this script prints the log, so the warnings show in the build output,
 # and fails when it is not empty, whatever Doxygen's exit code says.
+#
+# With HTML (Doxygen's output folder), it is incremental: it hashes every file Doxygen reads
+# (the Doxyfile's INPUT, recursively, by FILE_PATTERNS; the files of its EXAMPLE_PATH and
+# IMAGE_PATH folders and every file a page quotes; the EXTRA files: style, filters, header)
+# with the Doxyfile and Doxygen's
+# version, and runs Doxygen only when that digest differs from the one of its last
+# successful run (kept in HTML/.doxygen_inputs). Before it runs, it clears HTML of what the
+# last run wrote, keeping the folders named in KEEP (MathJax, copied once), so that no page
+# of a removed note or source stays behind.
+cmake_policy(VERSION 3.20)
 foreach(var DOXYGEN DOXYFILE LOG)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run_doxygen.cmake: -D ${var}=... is required")
   endif()
 endforeach()
+
+# The quoted values of one Doxyfile setting (continued lines included).
+function(doxyfile_values config key out)
+  string(REGEX MATCH "\n${key}[ ]*=([^\n]*(\\\\\n[^\n]*)*)" m "\n${config}")
+  string(REGEX MATCHALL "\"[^\"]*\"" quoted "${CMAKE_MATCH_1}")
+  set(values "")
+  foreach(q IN LISTS quoted)
+    string(REGEX REPLACE "^\"(.*)\"$" "\\1" q "${q}")
+    list(APPEND values "${q}")
+  endforeach()
+  set(${out} "${values}" PARENT_SCOPE)
+endfunction()
+
+if(DEFINED HTML)
+  file(READ "${DOXYFILE}" config)
+  doxyfile_values("${config}" INPUT inputs)
+  doxyfile_values("${config}" EXAMPLE_PATH examples)
+  doxyfile_values("${config}" IMAGE_PATH images)
+  string(REGEX MATCH "\nFILE_PATTERNS[ ]*=([^\n]*)" m "\n${config}")
+  string(REGEX MATCHALL "[^ \t]+" patterns "${CMAKE_MATCH_1}")
+  set(files "")
+  foreach(in IN LISTS inputs)
+    if(IS_DIRECTORY "${in}")
+      set(globs "")
+      foreach(p IN LISTS patterns)
+        list(APPEND globs "${in}/${p}")
+      endforeach()
+      file(GLOB_RECURSE found LIST_DIRECTORIES false ${globs})
+      list(APPEND files ${found})
+    else()
+      list(APPEND files "${in}")
+    endif()
+  endforeach()
+  foreach(dir IN LISTS examples images)
+    file(GLOB found LIST_DIRECTORIES false "${dir}/*")
+    list(APPEND files ${found})
+  endforeach()
+  # The files the pages quote (\snippet FILE NAME), found as Doxygen finds them: under a
+  # folder of EXAMPLE_PATH (python/…, tests/… from the repository's root).
+  set(quoted "")
+  foreach(f IN LISTS files)
+    if(f MATCHES "\\.md$")
+      file(STRINGS "${f}" lines REGEX "^[ \t]*[\\@]snippet[ \t]+[^ \t]+")
+      foreach(line IN LISTS lines)
+        string(REGEX REPLACE "^[ \t]*[\\@]snippet[ \t]+([^ \t]+).*$" "\\1" name "${line}")
+        foreach(dir IN LISTS examples)
+          if(EXISTS "${dir}/${name}" AND NOT IS_DIRECTORY "${dir}/${name}")
+            list(APPEND quoted "${dir}/${name}")
+          endif()
+        endforeach()
+      endforeach()
+    endif()
+  endforeach()
+  list(APPEND files ${quoted} "${DOXYFILE}" ${EXTRA})
+  list(REMOVE_DUPLICATES files)
+  list(SORT files)
+  execute_process(COMMAND "${DOXYGEN}" --version OUTPUT_VARIABLE version)
+  set(digest_text "${version}")
+  foreach(f IN LISTS files)
+    if(EXISTS "${f}")
+      file(SHA1 "${f}" h)
+      string(APPEND digest_text "${f} ${h}\n")
+    endif()
+  endforeach()
+  string(SHA1 digest "${digest_text}")
+  set(stamp "${HTML}/.doxygen_inputs")
+  if(EXISTS "${stamp}" AND EXISTS "${HTML}/index.html")
+    file(READ "${stamp}" last)
+    if(last STREQUAL digest)
+      list(LENGTH files n)
+      message(STATUS "docs: the ${n} files Doxygen reads are unchanged since it wrote ${HTML}; not run")
+      return()
+    endif()
+  endif()
+  file(GLOB old "${HTML}/*" "${HTML}/.doxygen_inputs")
+  foreach(path IN LISTS old)
+    get_filename_component(name "${path}" NAME)
+    if(NOT name IN_LIST KEEP)
+      file(REMOVE_RECURSE "${path}")
+    endif()
+  endforeach()
+endif()
 
 file(REMOVE "${LOG}")
 execute_process(COMMAND "${DOXYGEN}" "${DOXYFILE}" RESULT_VARIABLE rc)
@@ -31,3 +125,6 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "docs: doxygen exited with ${rc}")
 endif()
 message(STATUS "docs: Doxygen finished with zero warnings")
+if(DEFINED HTML)
+  file(WRITE "${stamp}" "${digest}")
+endif()

@@ -16,14 +16,23 @@ By parsing the HTML (Python standard library only):
   - no lab marker (LAB BEGIN / LAB END) reached any page or source listing;
   - every link on those pages and in the side-by-side reader leads to a file of the site,
     and to an anchor that exists there (a link with a scheme other than http(s), mailto or
-    javascript, such as Doxygen's autolink of `file:line`, fails);
+    javascript, such as Doxygen's autolink of `file:line`, fails); every link of the other
+    pages (the source listings, the folder pages) leads to a file of the site;
   - no rendering fault shows in their text: a literal ** (Markdown emphasis Doxygen left),
     an HTML tag shown as text (`<tt>` in a heading), a code span left in its backticks (the
-    text of a link [`x`](page.md)), a formula delimiter left over.
-With headless Chromium (when installed, or --chromium yes): one stage page and one concept
-page are rendered, and their formulas must come out as typeset MathJax without errors; the
-results page's figures are measured as shown (loaded, text at least 8 px high) and in a
-screenshot (not blank; tests/docs_render.py).
+    text of a link [`x`](page.md), or backticks around a link whose text is code), a formula
+    delimiter left over, a control character in a formula (the TAB of a \\t that was \\times);
+  - no notebook page shows a Markdown table printed as text (a |---| row in an output);
+  - no page is an empty reference page (a "File Reference" with neither a description nor
+    a member: Doxygen's page of a generated file).
+With headless Chromium (when installed, or --chromium yes), every page with formulas or
+figures is rendered (tests/docs_render.py: one Chromium process per core, driven over the
+DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
+must come out as typeset MathJax without errors, no display formula clipped at the edge of
+the text column; every figure loaded, inside the text column (scaled to the page), readable
+(text at least 8 px high) and, for an SVG, not blank in a screenshot. The side-by-side reader
+is opened on a stage: its notes pane must show no Doxygen header or tree, and a click on a
+code quote's file label must open the source pane at the quoted line.
 
 Exit status 0 when everything holds; otherwise 1, after listing every failure.
 """
@@ -31,111 +40,25 @@ import argparse
 import html as htmllib
 import json
 import re
-import shutil
-import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import notes  # noqa: E402  (docs/notes.py: the notes' plain-Markdown format)
-import docs_render  # noqa: E402  (tests/docs_render.py: the figures in headless Chromium)
+import docs_render  # noqa: E402  (tests/docs_render.py: the pages in headless Chromium)
+from docs_html import LinksOnly, Page, parse, visible_text  # noqa: E402  (tests/docs_html.py)
 
 LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
 
 
-class Page(HTMLParser):
-    """Collects what the checks need from one Doxygen page."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.fragments = []        # text of each <div class="fragment">, one string per line
-        self.scripts = []          # (src, inline text)
-        self.hrefs = []
-        self._stack = []           # open <div> kinds: "fragment", "line", or ""
-        self._in_script = None
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "div":
-            cls = (a.get("class") or "").split()
-            kind = "fragment" if "fragment" in cls else ("line" if "line" in cls else "")
-            if kind == "fragment":
-                self.fragments.append([])
-            elif kind == "line" and self._inside("fragment"):
-                self.fragments[-1].append("")
-            self._stack.append(kind)
-        elif tag == "script":
-            self._in_script = [a.get("src"), ""]
-        elif tag == "a" and a.get("href"):
-            self.hrefs.append(a["href"])
-        elif tag in ("iframe", "img") and a.get("src"):
-            self.hrefs.append(a["src"])
-        elif tag == "object" and a.get("data"):
-            self.hrefs.append(a["data"])
-
-    def handle_endtag(self, tag):
-        if tag == "div" and self._stack:
-            self._stack.pop()
-        elif tag == "script" and self._in_script is not None:
-            self.scripts.append(tuple(self._in_script))
-            self._in_script = None
-
-    def handle_data(self, data):
-        if self._in_script is not None:
-            self._in_script[1] += data
-        if self._inside("line") and self._inside("fragment") and self.fragments:
-            if self.fragments[-1]:
-                self.fragments[-1][-1] += data
-
-    def _inside(self, kind):
-        return kind in self._stack
-
-
-class Visible(HTMLParser):
-    """The text a reader sees on a page, without code (fragments, <code>, <pre>), scripts and
-    styles: where a Markdown mark or a tag shown literally would be a rendering fault."""
-
-    SKIP = {"script", "style", "pre", "code", "tt", "kbd"}
-    VOID = {"br", "img", "hr", "input", "meta", "link", "area", "base", "col", "wbr"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.chunks = []
-        self._stack = []  # (tag, skipping)
-
-    def _skipping(self):
-        return any(skip for _, skip in self._stack)
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.VOID:
-            return
-        cls = (dict(attrs).get("class") or "").split()
-        self._stack.append((tag, tag in self.SKIP or (tag == "div" and "fragment" in cls)))
-
-    def handle_endtag(self, tag):
-        for k in range(len(self._stack) - 1, -1, -1):
-            if self._stack[k][0] == tag:
-                del self._stack[k:]
-                break
-
-    def handle_data(self, data):
-        if not self._skipping():
-            self.chunks.append(data)
-
-    def text(self):
-        return "".join(self.chunks)
-
-
+TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)+\|?\s*$")
+TITLE_RE = re.compile(r'<div class="title">(.*?)</div>', re.S)
 LITERAL_TAG_RE = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")
 ALLOWED_SCHEMES = ("http", "https", "mailto", "javascript")
 
 
-def parse(path: Path) -> Page:
-    p = Page()
-    p.feed(path.read_text(encoding="utf-8", errors="replace"))
-    return p
+_CONVERTED = {}
 
 
 def strip_code(md: str) -> str:
@@ -154,16 +77,23 @@ class Checker:
         self.checked_pages = 0
         self.have_mathjax = self.have_reader = True
         self._anchors = {}
+        self._link_checked = set()
 
     def fail(self, msg):
         self.failures.append(msg)
+
+    def converted(self, md_path: Path) -> str:
+        """The note as Doxygen read it (docs/notes.py; kept per note and modification time)."""
+        key = (str(md_path), md_path.stat().st_mtime_ns)
+        if key not in _CONVERTED:
+            _CONVERTED[key] = notes.to_doxygen(self.tree, notes.read_note(md_path, self.repo))[0]
+        return _CONVERTED[key]
 
     # ------------------------------------------------------------------ one page
     def check_source_page(self, md_path: Path, role: str):
         """A Markdown page (stage notes or concept page): exists, snippets, formulas. The
         counts come from the note as Doxygen reads it (docs/notes.py converts it)."""
-        note = notes.read_note(md_path, self.repo)
-        text, _ = notes.to_doxygen(self.tree, note)
+        text = self.converted(md_path)
         first = text.splitlines()[0] if text.strip() else ""
         m = LABEL_RE.search(first)
         rel = md_path.relative_to(self.repo)
@@ -244,9 +174,7 @@ class Checker:
         1.9 does so next to a formula), an HTML tag shown as text (`<tt>` in a heading), a
         code span left in backticks (Doxygen keeps them in a link's text: [`x`](page.md)),
         formula delimiters MathJax will not read."""
-        v = Visible()
-        v.feed(page_file.read_text(encoding="utf-8", errors="replace"))
-        text = v.text()
+        text = visible_text(page_file)
         for m in re.finditer(r"\*\*", text):
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
             self.fail(f"{page_file.name}: a literal ** in the text: '{around}'")
@@ -255,7 +183,8 @@ class Checker:
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
             self.fail(f"{page_file.name}: an HTML tag shown as text, {m.group(0)}: '{around}'")
             break
-        for m in re.finditer(r"`[^`\n]+`", text):
+        # (`[^`]*`: a code span in backticks leaves them side by side: `<code>x</code>`)
+        for m in re.finditer(r"`[^`\n]*`", text):
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
             self.fail(f"{page_file.name}: a literal `code span` in the text (backticks Doxygen left, "
                       f"as around a link's text): '{around}'")
@@ -264,6 +193,16 @@ class Checker:
             around = " ".join(text[max(0, m.start() - 30):m.end() + 30].split())
             self.fail(f"{page_file.name}: a formula delimiter left in the text: '{around}'")
             break
+        # A control character in a formula: a TAB where the \t of \times was (a Python string
+        # that was not raw), a form feed for \f of \frac: MathJax shows "N imes N".
+        raw = page_file.read_text(encoding="utf-8", errors="replace")
+        for m in re.finditer(r"\\\((.*?)\\\)|\\\[(.*?)\\\]", raw, flags=re.S):
+            formula = m.group(1) if m.group(1) is not None else m.group(2)
+            bad = re.search(r"[\x00-\x09\x0b\x0c\x0e-\x1f]", formula)
+            if bad:
+                self.fail(f"{page_file.name}: a control character ({bad.group(0)!r}: an escape such as "
+                          f"the \\t of \\times eaten?) in the formula '{' '.join(formula.split())[:60]}'")
+                break
 
     def anchors(self, page_file: Path):
         """The ids and names a page defines (cached): the targets of page.html#anchor."""
@@ -277,6 +216,7 @@ class Checker:
         """Every link on a page leads somewhere: a file of the site, an anchor that exists
         there, or a URL with a web scheme (Doxygen turns text such as `file:line` into a
         link to the scheme file:, which leads nowhere)."""
+        self._link_checked.add(page_file.name)
         for href in page.hrefs:
             scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", href)
             if scheme:
@@ -310,6 +250,13 @@ class Checker:
         self.check_mathjax_refs(page_file, page)
         self.check_links(page_file, page)
         self.check_text(page_file)
+        # A Markdown table printed as text (print() of a table instead of display(Markdown())):
+        # a code block of the page with a |---|---| line.
+        for frag in page.fragments:
+            if any(TABLE_RULE_RE.match(line) for line in frag):
+                self.fail(f"{page_file.name}: a Markdown table printed as text (an output of "
+                          f"notebooks/{notebook.name} that shows '|---|' rows; display it as Markdown)")
+                break
         cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
         figures = sum(1 for c in cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
         shown = len(re.findall(r'<img src="' + label + r'_[0-9]+\.png"',
@@ -397,64 +344,78 @@ class Checker:
                     if not s["files"]:
                         self.fail(f"reader.html: {s['id']} has no source file")
 
+        # Every other page (the source listings, the folder pages): its links lead somewhere.
+        for f in sorted(self.html.glob("*.html")):
+            if f.name not in self._link_checked and f.name != "reader.html":
+                raw = f.read_text(encoding="utf-8", errors="replace")
+                self.check_links(f, LinksOnly(re.findall(r'<(?:a|img|iframe)\s[^>]*?\b(?:href|src)="([^"]*)"', raw)))
+
+        # No empty reference page: a "File Reference" (Doxygen writes one for a file it
+        # documents, a generated note's among them) with neither a description nor a member.
+        for f in sorted(self.html.glob("*.html")):
+            raw = f.read_text(encoding="utf-8", errors="replace")
+            title = TITLE_RE.search(raw)
+            if title and "Reference" in title.group(1):
+                body = raw[raw.find('<div class="contents">'):raw.find("<!-- contents -->")]
+                if not re.search(r"memitem|memItemLeft", body) and not re.search(r'class="textblock"><p', body):
+                    self.fail(f"{f.name}: an empty page, '{htmllib.unescape(title.group(1).strip())}' "
+                              f"(a reference page with neither a description nor a member)")
+
         # No lab marker in a stage's notes or annotated source, or in a concept page: the
         # docs show the solution, as a plain program.
         stage_pages += sorted(self.html.glob("concept_*.html"))
         for f in stage_pages:
-            page = parse(f)
-            for frag in page.fragments:
-                for line in frag:
-                    code = re.sub(r"^\s*\d+\s?", "", line).strip()
-                    if re.match(r"//\s*LAB (BEGIN:|END$)", code):
-                        self.fail(f"{f.name}: shows the lab marker '{code[:40]}' (the docs "
-                                  f"filter should blank it)")
+            text = htmllib.unescape(re.sub(r"<[^>]*>", "", f.read_text(encoding="utf-8", errors="replace")))
+            for line in text.splitlines():
+                code = re.sub(r"^\s*\d+\s?", "", line).strip()
+                if re.match(r"//\s*LAB (BEGIN:|END$)", code):
+                    self.fail(f"{f.name}: shows the lab marker '{code[:40]}' (the docs "
+                              f"filter should blank it)")
         print(f"check_docs: {self.checked_pages} note/concept pages, {len(stage_dirs)} stage "
               f"folders checked")
 
     # ------------------------------------------------------------------ rendering
     def render(self, chromium: str):
-        """Typesets a stage page and a concept page in headless Chromium and looks at the DOM."""
-        pages = sorted(self.html.glob("stage_[0-9][0-9].html"))[:1]
-        pages += sorted(self.html.glob("concept_*.html"))[:1]
-        for p in pages:
-            try:
-                out = subprocess.run(
-                    [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                     "--virtual-time-budget=20000", "--dump-dom", p.resolve().as_uri()],
-                    capture_output=True, text=True, timeout=120).stdout
-            except (OSError, subprocess.TimeoutExpired) as e:
-                self.fail(f"chromium could not render {p.name}: {e}")
-                continue
-            typeset = len(re.findall(r'class="MathJax(?:_Display)?"', out))
-            errors = len(re.findall(r'class="(?:MathJax_Error|merror)"', out))
-            raw = p.read_text(encoding="utf-8", errors="replace")
-            expected = raw.count("\\(") + raw.count("\\[")
-            print(f"check_docs: chromium typeset {typeset} formulas in {p.name} "
-                  f"({expected} in the page), {errors} errors")
-            if expected and typeset == 0:
-                self.fail(f"{p.name}: MathJax typeset nothing in headless Chromium")
-            if errors:
-                self.fail(f"{p.name}: MathJax reported {errors} errors in headless Chromium")
-        # The figures of the results page, measured as shown and in a screenshot (kept
-        # beside the site: BUILD/docs/results_screenshot.png).
-        failures, notes_ = docs_render.check_figures(chromium, self.html,
-                                                     shot=self.html.parent / "results_screenshot.png")
-        for n in notes_:
-            print(f"check_docs: chromium: {n}")
-        for f in failures:
-            self.fail(f)
+        """Every page with formulas or figures, in headless Chromium (tests/docs_render.py):
+        the notes, concept, notebook and other pages at the width of a pane of the
+        side-by-side reader, the results page at a window's; formulas typeset, none
+        clipped, figures loaded, inside the text column, readable and painted."""
+        pages = [(self.html / "results.html", docs_render.PAGE_WIDTH)]
+        for pattern in ("index.html", "stage_[0-9][0-9].html", "concept_*.html", "notebook_*.html",
+                        "design.html", "lab_guide.html"):
+            pages += [(p, docs_render.READER_WIDTH) for p in sorted(self.html.glob(pattern))]
+        # and the side-by-side reader, on the first stage whose notes quote code
+        stage = next((d.name for d in sorted((self.repo / "stages").glob("[0-9][0-9]_*"))
+                      if (self.html / f"stage_{d.name[:2]}.html").exists()
+                      and 'class="snippetfile"><a ' in (self.html / f"stage_{d.name[:2]}.html").read_text(
+                          encoding="utf-8", errors="replace")), None)
+        def open_reader(b):
+            return docs_render.check_reader(b, self.html / "reader.html", stage), []
+        reader = open_reader if stage and self.have_reader else None
+        results = docs_render.render_each(chromium, [(p, w) for p, w in pages if p.exists()], then=reader)
+        for failures, notes_ in results:
+            for n in notes_:
+                if "formulas typeset" in n or "results.html" in n:
+                    print(f"check_docs: chromium: {n}")
+            for f in failures:
+                self.fail(f)
+        print(f"check_docs: chromium rendered {len(pages)} pages")
+        if reader:
+            print(f"check_docs: chromium: the reader at #{stage}: the notes pane without Doxygen's "
+                  f"header and tree, a code quote's file label opening the source pane"
+                  + (" (failed)" if results[-1][0] else ""))
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--html", required=True, type=Path)
     ap.add_argument("--repo", required=True, type=Path)
     ap.add_argument("--chromium", choices=("auto", "yes", "no"), default="auto")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     c = Checker(args.html.resolve(), args.repo.resolve())
     c.run()
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    browser = docs_render.find_chromium()
     if args.chromium == "yes" and not browser:
         c.fail("--chromium yes, but no chromium on PATH")
     elif args.chromium != "no" and browser and not c.failures:

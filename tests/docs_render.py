@@ -1,47 +1,79 @@
-"""The figures of the docs site, as a reader sees them (used by tests/check_docs.py).
+"""The docs site as a reader sees it, in headless Chromium (used by tests/check_docs.py and
+tests/test_check_docs.py).
 
-Headless Chromium opens a copy of a page (results.html) with a small script added that
-records, after layout, where each figure landed and at what size, and then takes a
-screenshot of the whole page. A figure passes when
+A Chromium process (tests/headless_chromium.py) renders the pages asked for, one after
+another; one such process per core shares them. Each page is laid out at a given window
+width, its formulas typeset, and a probe run in the page reports what the checks need. A
+page passes when
 
-  - it loaded (the image decoded, it has a size);
-  - it is readable: its body text (the smallest font the SVG uses for labels, ticks and
-    legend, exponents aside) comes out at least MIN_FONT_PX CSS pixels high at the size it
-    is shown;
-  - it is painted: in the screenshot, the figure's box is not blank.
+  - MathJax typeset its formulas (some where the page has any) and reported no error;
+  - no display formula is clipped: each fits the page's text column, or scrolls inside its
+    own box (a formula wider than the column otherwise runs past the pane's edge, where a
+    reader of the side-by-side reader cannot see it);
+  - every figure (img or object in the text) loaded, fits the text column (an image shown
+    at its natural size is cut off at the pane's edge), and is readable: its body text (the
+    smallest font an SVG uses for labels, ticks and legend, exponents aside) comes out at
+    least MIN_FONT_PX CSS pixels high at the size it is shown;
+  - every SVG figure (drawn by the project's scripts) is painted: a screenshot of its box
+    is not blank.
+The side-by-side reader passes (check_reader) when its notes pane shows no Doxygen header or
+navigation tree and a click on a code quote's file label opens the source pane at its line.
 
-Python standard library only (the PNG is decoded with zlib).
+The PNG screenshots are decoded with zlib.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import struct
-import subprocess
-import tempfile
+import time
 import zlib
 from pathlib import Path
 
+from headless_chromium import Browser, find_chromium  # noqa: F401  (find_chromium: the callers')
+
 MIN_FONT_PX = 8.0
-WINDOW_WIDTH = 1280
+# The width of a page in the side-by-side reader (each pane at a 1920 px screen) and of a
+# page opened alone.
+READER_WIDTH = 960
+PAGE_WIDTH = 1280
 
-PROBE = """<script>
-window.addEventListener('load', function () { setTimeout(function () {
-  var figs = [];
-  document.querySelectorAll('div.contents img, div.contents object').forEach(function (im) {
-    var r = im.getBoundingClientRect();
-    figs.push({src: im.getAttribute('src') || im.getAttribute('data'),
-               nw: im.naturalWidth || 0, x: r.left, y: r.top, w: r.width, h: r.height});
+# Runs in the page after it loaded and MathJax finished: what the checks read.
+PROBE = r"""(() => {
+  const contents = document.querySelector('div.contents') || document.body;
+  const cr = contents.getBoundingClientRect();
+  const limit = Math.min(cr.right, document.documentElement.clientWidth) + 1;
+  const scrolls = (el) => {   // a box between el and the text column that scrolls sideways
+    for (let a = el.parentElement; a && a !== contents; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if (o === 'auto' || o === 'scroll') return true;
+    }
+    return false;
+  };
+  const clipped = [];
+  document.querySelectorAll('div.MathJax_Display').forEach(d => {
+    const m = d.querySelector('span.MathJax') || d;
+    const r = m.getBoundingClientRect();
+    if (r.right > limit && !scrolls(m)) {
+      let s = d.nextElementSibling;
+      while (s && !(s.tagName === 'SCRIPT' && /math\/tex/.test(s.type))) s = s.nextElementSibling;
+      clipped.push({w: Math.round(r.width), column: Math.round(limit - cr.left),
+                    tex: s ? s.textContent.trim().slice(0, 60) : ''});
+    }
   });
-  var pre = document.createElement('pre');
-  pre.id = 'fa-figure-probe';
-  pre.textContent = JSON.stringify(figs);
-  document.body.appendChild(pre);
-}, 300); });
-</script>"""
-
+  const figs = [];
+  contents.querySelectorAll('img, object').forEach(im => {
+    const r = im.getBoundingClientRect();
+    figs.push({src: im.getAttribute('src') || im.getAttribute('data'), nw: im.naturalWidth || 0,
+               x: r.left, y: r.top, w: r.width, h: r.height,
+               overflows: r.right > limit && !scrolls(im)});
+  });
+  return JSON.stringify({
+    typeset: document.querySelectorAll('span.MathJax, div.MathJax_Display').length,
+    errors: document.querySelectorAll('.MathJax_Error, merror, span.merror').length,
+    clipped: clipped, figures: figs});
+})()"""
 
 def svg_width(svg_text: str) -> float | None:
     """The width an SVG asks for, in CSS px."""
@@ -66,9 +98,9 @@ def svg_body_font(svg_text: str) -> float | None:
     return body * width / float(m.group(3))
 
 
-def read_png(path: Path):
-    """(width, height, rows) of an 8-bit RGB or RGBA PNG, rows as bytes (filters undone)."""
-    data = path.read_bytes()
+def read_png_bytes(data: bytes):
+    """(width, height, bytes per pixel, rows) of an 8-bit RGB or RGBA PNG, rows as bytes
+    (filters undone)."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
@@ -120,57 +152,168 @@ def inked(png, box) -> float:
     return dark / total if total else 0.0
 
 
-def check_figures(chromium: str, html: Path, page: str = "results.html", shot: Path | None = None):
-    """(failures, notes) for the figures of `page` rendered by `chromium`."""
+def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
+    """(failures, notes) for one page of the site as `browser` renders it `width` px wide:
+    formulas typeset and not clipped, figures loaded, inside the text column, readable and
+    (with blank) the SVG ones painted."""
     failures, notes = [], []
-    src = html / page
-    if not src.exists():
-        return [f"{page} is not in the site"], notes
-    with tempfile.TemporaryDirectory(prefix="fa_figures_") as tmp:
-        tmp = Path(tmp)
-        for entry in html.iterdir():  # the site, by links; only the probed page is a copy
-            if entry.name != page:
-                os.symlink(entry.resolve(), tmp / entry.name)
-        text = src.read_text(encoding="utf-8", errors="replace")
-        (tmp / page).write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-        base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                "--virtual-time-budget=15000"]
-        dom = subprocess.run(base + [f"--window-size={WINDOW_WIDTH},900", "--dump-dom",
-                                     (tmp / page).as_uri()], capture_output=True, text=True, timeout=120).stdout
-        m = re.search(r'<pre id="fa-figure-probe">(.*?)</pre>', dom, flags=re.S)
-        if not m:
-            return [f"{page}: the figure probe did not run in headless Chromium"], notes
-        import html as htmllib
-        figs = json.loads(htmllib.unescape(m.group(1)))
-        if not figs:
-            return [f"{page}: no figure on the page"], notes
-        # The page scrolls inside Doxygen's content pane: a window as tall as the content
-        # shows every figure at once.
-        height = int(max(f["y"] + f["h"] for f in figs)) + 40
-        png_path = tmp / "page.png"
-        subprocess.run(base + [f"--window-size={WINDOW_WIDTH},{height}", f"--screenshot={png_path}",
-                               (tmp / page).as_uri()], capture_output=True, timeout=120)
-        if shot is not None and png_path.exists():
-            shutil.copyfile(png_path, shot)
-        png = read_png(png_path) if png_path.exists() else None
-        for f in figs:
-            name = f["src"]
-            svg = html / name
-            svg_text = svg.read_text(encoding="utf-8") if svg.suffix == ".svg" and svg.exists() else ""
-            natural = f["nw"] or (svg_width(svg_text) if svg_text else 0)
-            if not natural or not f["w"]:
-                failures.append(f"{page}: figure {name} did not load")
-                continue
-            scale = f["w"] / natural
-            font = svg_body_font(svg_text) if svg_text else None
-            shown = font * scale if font else None
-            notes.append(f"{name}: shown {f['w']:.0f} px wide of {natural:.0f} ({scale:.2f}×)"
-                         + (f", body text {shown:.1f} px" if shown else ""))
-            if shown is not None and shown < MIN_FONT_PX:
-                failures.append(f"{page}: figure {name} is shown at {scale:.2f}× its size: its text is "
-                                f"{shown:.1f} px high, under {MIN_FONT_PX} px (unreadable)")
-            if png is None:
-                failures.append(f"{page}: Chromium took no screenshot")
-            elif inked(png, (f["x"], f["y"], f["w"], f["h"])) < 0.01:
-                failures.append(f"{page}: figure {name} is blank in the screenshot")
+    name = page.name
+    try:
+        browser.open(page, width)
+        probe = json.loads(browser.evaluate(PROBE))
+    except (RuntimeError, TimeoutError, EOFError, OSError, ValueError) as e:
+        return [f"{name}: headless Chromium could not render it: {e}"], notes
+    raw = page.read_text(encoding="utf-8", errors="replace")
+    expected = raw.count("\\(") + raw.count("\\[")
+    if expected:
+        notes.append(f"{name}: {probe['typeset']} formulas typeset ({expected} in the page), "
+                     f"{probe['errors']} errors")
+        if probe["typeset"] == 0:
+            failures.append(f"{name}: MathJax typeset nothing in headless Chromium")
+    if probe["errors"]:
+        failures.append(f"{name}: MathJax reported {probe['errors']} errors in headless Chromium")
+    for c in probe["clipped"]:
+        failures.append(f"{name}: a display formula {c['w']} px wide is clipped: the text column is "
+                        f"{c['column']} px at a {width} px window, and nothing scrolls it ({c['tex']!r})")
+    figs = probe["figures"]
+    for f in figs:
+        src = f["src"] or "?"
+        svg = page.parent / src
+        svg_text = svg.read_text(encoding="utf-8") if svg.suffix == ".svg" and svg.exists() else ""
+        natural = f["nw"] or (svg_width(svg_text) if svg_text else 0)
+        if not natural or not f["w"]:
+            failures.append(f"{name}: figure {src} did not load")
+            continue
+        if f["overflows"]:
+            failures.append(f"{name}: figure {src} is wider than the text column at a {width} px window "
+                            f"({f['w']:.0f} px shown, from x = {f['x']:.0f}): it is cut off at the pane's "
+                            f"edge (not scaled to the page)")
+        scale = f["w"] / natural
+        font = svg_body_font(svg_text) if svg_text else None
+        shown = font * scale if font else None
+        notes.append(f"{name}: {src}: shown {f['w']:.0f} px wide of {natural:.0f} ({scale:.2f}×)"
+                     + (f", body text {shown:.1f} px" if shown else ""))
+        if shown is not None and shown < MIN_FONT_PX:
+            failures.append(f"{name}: figure {src} is shown at {scale:.2f}× its size: its text is "
+                            f"{shown:.1f} px high, under {MIN_FONT_PX} px (unreadable)")
+    if blank:
+        for k, f in enumerate(figs):
+            if not f["w"] or not f["h"] or not (f["src"] or "").endswith(".svg"):
+                continue  # (a PNG is a notebook's own output: loaded and in the column is enough)
+            ink = 0.0
+            for _ in range(2):  # a second look where the first found a blank box: painted late?
+                try:  # the figure scrolled into view and painted (two frames later), then its box
+                    box = json.loads(browser.evaluate(
+                        "new Promise(done => { const im = document.querySelectorAll("
+                        "'div.contents img, div.contents object')[%d]; im.scrollIntoView({block: 'start'});"
+                        " requestAnimationFrame(() => requestAnimationFrame(() => {"
+                        " const r = im.getBoundingClientRect(); done(JSON.stringify("
+                        "[r.left, r.top, r.width, Math.min(r.height, innerHeight - r.top)])); })); })" % k,
+                        wait=True))
+                    png = read_png_bytes(browser.screenshot(box))
+                except (RuntimeError, TimeoutError, EOFError, OSError, ValueError, AssertionError) as e:
+                    failures.append(f"{name}: Chromium took no screenshot of figure {f['src']}: {e}")
+                    break
+                ink = inked(png, (0, 0, png[0], png[1]))
+                if ink >= 0.01:
+                    break
+            else:
+                failures.append(f"{name}: figure {f['src']} is blank in the screenshot")
+    return failures, notes
+
+
+def check_reader(browser: Browser, reader: Path, stage: str, width: int = 1920, height: int = 1000):
+    """Failures of the side-by-side reader (reader.html#<stage>) at a full-screen window:
+    its notes pane must show the page without Doxygen's header and navigation tree
+    (docs/pane.js), and a click on the file label of the notes' first code quote must open
+    that listing in the source pane at the quote's line, the notes staying where they are."""
+    name = reader.name
+    try:
+        browser.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                             "deviceScaleFactor": 1, "mobile": False},
+                     session=True)
+        browser.navigate(reader.resolve().as_uri() + "#" + stage)
+        notes_url = browser.evaluate("document.getElementById('notes').src")
+        frames = browser.call("Page.getFrameTree", session=True)["frameTree"].get("childFrames", [])
+        frame = next((f["frame"]["id"] for f in frames if f["frame"]["url"] == notes_url), None)
+        contexts = [m["params"]["context"] for m in browser._events
+                    if m.get("method") == "Runtime.executionContextCreated"
+                    and m["params"]["context"].get("auxData", {}).get("frameId") == frame]
+        if not frame or not contexts:
+            return [f"{name}#{stage}: the notes pane ({notes_url}) did not load"]
+
+        def in_notes(expression):
+            r = browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                  "contextId": contexts[-1]["id"]}, session=True)
+            return r.get("result", {}).get("value")
+
+        failures = []
+        shown = in_notes("['top', 'side-nav'].filter(id => { const e = document.getElementById(id);"
+                         " return e && getComputedStyle(e).display !== 'none'; }).join(', ')")
+        if shown:
+            failures.append(f"{name}#{stage}: the notes pane shows Doxygen's #{shown} (the page does not "
+                            f"load pane.js, or style.css does not hide it in a pane)")
+        href = in_notes("(() => { const a = document.querySelector('div.snippetfile a');"
+                        " if (!a) return null; a.click(); return a.getAttribute('href'); })()")
+        if not href:
+            return failures + [f"{name}#{stage}: the notes have no code quote with a file label"]
+        deadline = time.monotonic() + 5
+        source = None
+        while time.monotonic() < deadline:
+            source = browser.evaluate("document.getElementById('source').getAttribute('src')")
+            if source == href:
+                break
+            time.sleep(0.05)
+        if source != href:
+            failures.append(f"{name}#{stage}: a click on the code quote's file label ({href}) did not open "
+                            f"the source pane there (it shows {source})")
+        now = browser.evaluate("document.getElementById('notes').contentWindow ? "
+                               "document.getElementById('notes').src : ''")
+        if now != notes_url:
+            failures.append(f"{name}#{stage}: the click replaced the notes pane ({now})")
+        return failures
+    except (RuntimeError, TimeoutError, EOFError, OSError, ValueError, KeyError) as e:
+        return [f"{name}#{stage}: headless Chromium could not run the reader: {e}"]
+
+
+def render_each(chromium: str, pages, blank=lambda page: True, workers: int | None = None,
+                then=None):
+    """[(failures, notes)] for [(page path, window width)], in order: the pages shared among
+    `workers` Chromium processes (one per core, at most 2), each rendering its share in turn.
+    `then` (a function of a Browser), if given, runs in the last worker's browser after its
+    pages; its result is the list's last element."""
+    import threading
+    pages = list(pages)
+    workers = max(1, min(workers or min(2, os.cpu_count() or 1), len(pages)))
+    results = [None] * len(pages) + ([None] if then else [])
+
+    def work(k):
+        try:
+            with Browser(chromium) as b:
+                for i in range(k, len(pages), workers):
+                    page, width = pages[i]
+                    results[i] = check_page(b, page, width, blank(page))
+                if then and k == workers - 1:
+                    results[-1] = then(b)
+        except (OSError, EOFError, RuntimeError, TimeoutError) as e:
+            for i in range(k, len(pages), workers):
+                if results[i] is None:
+                    results[i] = ([f"{pages[i][0].name}: headless Chromium failed: {e}"], [])
+            if then and k == workers - 1 and results[-1] is None:
+                results[-1] = ([f"headless Chromium failed: {e}"], [])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results
+
+
+def check_pages(chromium: str, pages, blank=lambda page: True, workers: int | None = None):
+    """(failures, notes) of every page of [(page path, window width)] (render_each)."""
+    failures, notes = [], []
+    for f, n in render_each(chromium, pages, blank, workers):
+        failures += f
+        notes += n
     return failures, notes

@@ -136,7 +136,8 @@ class Conversion(unittest.TestCase):
 
     def test_snippet(self):
         k = self.lines.index("\\snippet f.cpp the step")
-        self.assertIn('<a href="f_8cpp_source.html">f.cpp</a>', self.lines[k - 1])
+        # the label opens the listing at the quote's first line (line 3 of f.cpp)
+        self.assertIn('<a href="f_8cpp_source.html#l00003">f.cpp</a>', self.lines[k - 1])
         self.assertEqual(self.lines[k + 1:k + 4], ["", "", ""])
 
     def test_lab_hint_hidden_and_autolink_and_heading(self):
