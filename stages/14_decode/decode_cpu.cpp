@@ -148,6 +148,7 @@ void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, co
   // The combine: each row's partials merged in split order (a fixed order, so the result
   // does not depend on which thread finished first).
   for (int64_t row = 0; row < rows; ++row) {
+    // LAB BEGIN: merge a row's splits — hint: MergeMany merged; per split s in order: f = merged.add(L_s); o = f.rescale·o + f.weight·O_s; at the end o *= merged.normaliser() and L = merged.L()
     float* o = O + row * d;
     std::fill(o, o + d, 0.0f);
     MergeMany merged;
@@ -158,6 +159,7 @@ void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, co
     }
     for (int c = 0; c < d; ++c) o[c] *= merged.normaliser();
     L[row] = merged.L();
+    // LAB END
   }
   //! [cpu combine]
 }
