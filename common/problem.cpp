@@ -90,4 +90,31 @@ std::string Problem::describe() const {
   return s.str();
 }
 
+namespace {
+void require_buffer(const std::string& who, const void* ptr, int64_t elems, const char* name) {
+  if (ptr == nullptr && elems > 0)
+    throw std::invalid_argument(who + ": " + name + " is a null pointer (" + std::to_string(elems) +
+                                " elements expected)");
+}
+}  // namespace
+
+void require_forward_buffers(const std::string& who, const Problem& p, const float* Q, const float* K,
+                             const float* V, const float* O, const float* L) {
+  require_buffer(who, Q, p.q_elems(), "Q");
+  require_buffer(who, K, p.kv_elems(), "K");
+  require_buffer(who, V, p.kv_elems(), "V");
+  require_buffer(who, O, p.q_elems(), "O");
+  require_buffer(who, L, p.l_elems(), "L");
+}
+
+void require_backward_buffers(const std::string& who, const Problem& p, const float* Q, const float* K,
+                              const float* V, const float* O, const float* L, const float* dO, const float* dQ,
+                              const float* dK, const float* dV) {
+  require_forward_buffers(who, p, Q, K, V, O, L);
+  require_buffer(who, dO, p.q_elems(), "dO");
+  require_buffer(who, dQ, p.q_elems(), "dQ");
+  require_buffer(who, dK, p.kv_elems(), "dK");
+  require_buffer(who, dV, p.kv_elems(), "dV");
+}
+
 }  // namespace fa

@@ -81,4 +81,13 @@ struct Problem {
   std::string describe() const;
 };
 
+/// Refuses a null host buffer where `p` has elements for it (std::invalid_argument,
+/// "<who>: Q is a null pointer (N elements expected)"): the forward's Q, K, V, O, L.
+void require_forward_buffers(const std::string& who, const Problem& p, const float* Q, const float* K,
+                             const float* V, const float* O, const float* L);
+/// The same for the backward's ten: Q, K, V, O, L, dO, dQ, dK, dV.
+void require_backward_buffers(const std::string& who, const Problem& p, const float* Q, const float* K,
+                              const float* V, const float* O, const float* L, const float* dO, const float* dQ,
+                              const float* dK, const float* dV);
+
 }  // namespace fa

@@ -142,12 +142,6 @@ struct Workers {
   }
 };
 
-inline void require_buffer(const void* ptr, int64_t elems, const char* name) {
-  if (ptr == nullptr && elems > 0)
-    throw std::invalid_argument(std::string(kStage) + ": " + name + " is a null pointer (" +
-                                std::to_string(elems) + " elements expected)");
-}
-
 // ---- The diagonal. The first row of a tile sees the fewest keys (visible_keys grows with
 // the row), so a tile needs a mask exactly when its first row misses one of its keys. ----
 

@@ -59,15 +59,7 @@ void backward(const Problem& p, const Config& c, const float* Q, const float* K,
               Traffic* traffic) {
   p.validate(kStage);
   const Tiles t = tiles_for(p, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
-  require_buffer(dO, p.q_elems(), "dO");
-  require_buffer(dQ, p.q_elems(), "dQ");
-  require_buffer(dK, p.kv_elems(), "dK");
-  require_buffer(dV, p.kv_elems(), "dV");
+  require_backward_buffers(kStage, p, Q, K, V, O, L, dO, dQ, dK, dV);
   const int64_t d = p.head_dim, N_q = p.seq_q, N_k = p.seq_k;
   const float scale = p.softmax_scale();
   if (traffic) *traffic = Traffic{};

@@ -91,11 +91,7 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
              float* O, float* L, Traffic* traffic) {
   p.validate(kStage);
   const Tiles t = tiles_for(p, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
+  require_forward_buffers(kStage, p, Q, K, V, O, L);
   const int64_t d = p.head_dim, N_q = p.seq_q, N_k = p.seq_k;
   const float scale = p.softmax_scale();
 

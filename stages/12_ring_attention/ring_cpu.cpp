@@ -19,12 +19,6 @@ namespace {
 
 constexpr const char* kStage = "12_ring_attention";
 
-void require_buffer(const void* ptr, int64_t elems, const char* name) {
-  if (ptr == nullptr && elems > 0)
-    throw std::invalid_argument(std::string(kStage) + ": " + name + " is a null pointer (" + std::to_string(elems) +
-                                " elements expected)");
-}
-
 // A whole tensor is `slices` slices (batch × heads) of `rows` rows of `width` floats; a chunk
 // holds rows [row0, row0 + n) of every slice, densely. gather: whole → chunk; scatter: back.
 void gather_rows(const float* whole, float* chunk, int64_t slices, int64_t rows, int64_t row0, int64_t n,
@@ -186,11 +180,7 @@ std::vector<std::unique_ptr<CpuRank>> make_ranks(const Plan& plan, bool backward
 void forward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V, float* O, float* L,
              Work* work) {
   const Plan plan = checked_plan(p, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
+  require_forward_buffers(kStage, p, Q, K, V, O, L);
   auto ranks = make_ranks(plan, false);
   if (work) *work = Work(plan.ranks);
   ThreadRing kv_ring(plan.ranks);
@@ -210,15 +200,7 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
 void backward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V, const float* O,
               const float* L, const float* dO, float* dQ, float* dK, float* dV, Work* work) {
   const Plan plan = checked_plan(p, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
-  require_buffer(dO, p.q_elems(), "dO");
-  require_buffer(dQ, p.q_elems(), "dQ");
-  require_buffer(dK, p.kv_elems(), "dK");
-  require_buffer(dV, p.kv_elems(), "dV");
+  require_backward_buffers(kStage, p, Q, K, V, O, L, dO, dQ, dK, dV);
   auto ranks = make_ranks(plan, true);
   if (work) *work = Work(plan.ranks);
   ThreadRing kv_ring(plan.ranks), dkv_ring(plan.ranks);

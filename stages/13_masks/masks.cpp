@@ -36,12 +36,6 @@ std::string TileCounts::describe() const {
 
 namespace {
 
-void require_buffer(const void* ptr, int64_t elems, const char* name) {
-  if (ptr == nullptr && elems > 0)
-    throw std::invalid_argument(std::string(kStageName) + ": " + name + " is a null pointer (" +
-                                std::to_string(elems) + " elements expected)");
-}
-
 stage06::Tiles checked_tiles(const Problem& p, const Modifiers& m, const Config& c) {
   p.validate(kStageName);
   m.validate(p, kStageName);
@@ -70,11 +64,7 @@ void with_score(const Modifiers& m, Run run) {
 void forward(const Problem& p, const Modifiers& m, const Config& c, const float* Q, const float* K,
              const float* V, float* O, float* L, TileCounts* counts) {
   const stage06::Tiles t = checked_tiles(p, m, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
+  require_forward_buffers(kStageName, p, Q, K, V, O, L);
   if (counts) *counts = TileCounts{};
   const BlockMask mask(p, m);
   with_score(m, [&](auto score) { forward_tiles(p, m, t, mask, score, Q, K, V, O, L, counts); });
@@ -84,15 +74,7 @@ void backward(const Problem& p, const Modifiers& m, const Config& c, const float
               const float* V, const float* O, const float* L, const float* dO, float* dQ, float* dK,
               float* dV, float* dsinks, TileCounts* counts) {
   const stage06::Tiles t = checked_tiles(p, m, c);
-  require_buffer(Q, p.q_elems(), "Q");
-  require_buffer(K, p.kv_elems(), "K");
-  require_buffer(V, p.kv_elems(), "V");
-  require_buffer(O, p.q_elems(), "O");
-  require_buffer(L, p.l_elems(), "L");
-  require_buffer(dO, p.q_elems(), "dO");
-  require_buffer(dQ, p.q_elems(), "dQ");
-  require_buffer(dK, p.kv_elems(), "dK");
-  require_buffer(dV, p.kv_elems(), "dV");
+  require_backward_buffers(kStageName, p, Q, K, V, O, L, dO, dQ, dK, dV);
   if (counts) *counts = TileCounts{};
   const BlockMask mask(p, m);
   with_score(m, [&](auto score) {
