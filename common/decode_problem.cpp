@@ -18,6 +18,35 @@ int DecodeProblem::max_seqlen() const {
   return m;
 }
 
+DecodeProblem DecodeProblem::sequences(std::vector<int> lens, int heads, int kv_heads, int q_len, int head_dim) {
+  DecodeProblem p;
+  p.batch = int(lens.size());
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.q_len = q_len;
+  p.head_dim = head_dim;
+  p.cache_seqlens = std::move(lens);
+  p.size_cache();
+  return p;
+}
+
+void DecodeProblem::size_cache(int spare_per_seq, int spare_blocks) {
+  if (paged()) {
+    blocks_per_seq = std::max(1, (max_seqlen() + block_size - 1) / block_size) + spare_per_seq;
+    num_blocks = batch * blocks_per_seq + spare_blocks;
+  } else if (capacity == 0) {
+    capacity = std::max(1, max_seqlen());
+  }
+}
+
+DecodeProblem DecodeProblem::in_blocks(int block_size_, int spare_per_seq, int spare_blocks) const {
+  DecodeProblem p = *this;
+  p.capacity = 0;
+  p.block_size = block_size_;
+  p.size_cache(spare_per_seq, spare_blocks);
+  return p;
+}
+
 void DecodeProblem::validate_append(const std::string& who) const {
   for (int b = 0; b < batch; ++b)
     if (cache_seqlens[size_t(b)] < q_len)

@@ -49,6 +49,16 @@ struct DecodeProblem {
   /// The most tokens one sequence can hold: capacity, or blocks_per_seq · block_size.
   int64_t seq_capacity() const { return paged() ? int64_t(blocks_per_seq) * block_size : capacity; }
   int max_seqlen() const;
+
+  /// Sequences of lengths `lens` (batch = lens.size()) in a contiguous cache sized to the
+  /// longest (size_cache), causal among the new tokens.
+  static DecodeProblem sequences(std::vector<int> lens, int heads, int kv_heads, int q_len, int head_dim);
+  /// Sizes the cache for the lengths. Paged: blocks_per_seq blocks for the longest sequence (at
+  /// least 1) plus `spare_per_seq`, and a pool of batch × blocks_per_seq plus `spare_blocks`.
+  /// Contiguous, where capacity is 0: the longest length (at least 1).
+  void size_cache(int spare_per_seq = 0, int spare_blocks = 0);
+  /// The same sequences in a paged cache of `block_size`, sized by size_cache.
+  DecodeProblem in_blocks(int block_size, int spare_per_seq = 0, int spare_blocks = 0) const;
   int group_size() const { return heads / kv_heads; }
   int kv_head_of(int h) const { return h / group_size(); }
 

@@ -24,25 +24,13 @@ namespace s14 = fa::stage14;
 
 // A decode problem with a contiguous cache of `capacity` (default: the longest length).
 fa::DecodeProblem contiguous(std::vector<int> lens, int heads, int kv_heads, int q_len, int d = 64, int capacity = 0) {
-  fa::DecodeProblem p;
-  p.batch = int(lens.size());
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.q_len = q_len;
-  p.head_dim = d;
-  p.cache_seqlens = lens;
-  p.capacity = capacity > 0 ? capacity : std::max(1, p.max_seqlen());
+  fa::DecodeProblem p = fa::DecodeProblem::sequences(std::move(lens), heads, kv_heads, q_len, d);
+  if (capacity > 0) p.capacity = capacity;
   return p;
 }
 
 // The same sequences in a paged cache of `block_size` (a pool with a few spare blocks).
-fa::DecodeProblem paged(fa::DecodeProblem p, int block_size) {
-  p.capacity = 0;
-  p.block_size = block_size;
-  p.blocks_per_seq = std::max(1, (p.max_seqlen() + block_size - 1) / block_size);
-  p.num_blocks = p.batch * p.blocks_per_seq + 3;
-  return p;
-}
+fa::DecodeProblem paged(const fa::DecodeProblem& p, int block_size) { return p.in_blocks(block_size, 0, 3); }
 
 // Runs the CPU step on t's inputs and checks it against the reference.
 fa::CheckReport run_cpu(const fa::DecodeProblem& p, fa::DecodeTensors& t, s14::CpuOptions o = {}) {

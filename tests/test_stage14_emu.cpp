@@ -102,20 +102,9 @@ void decode_emulated(const fa::DecodeProblem& p, s14::Step step, int splits, fa:
 }
 
 fa::DecodeProblem problem(std::vector<int> lens, int heads, int kv_heads, int q_len, int d, int block_size) {
-  fa::DecodeProblem p;
-  p.batch = int(lens.size());
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.q_len = q_len;
-  p.head_dim = d;
-  p.cache_seqlens = lens;
-  if (block_size == 0) {
-    p.capacity = p.max_seqlen() + 3;
-  } else {
-    p.block_size = block_size;
-    p.blocks_per_seq = (p.max_seqlen() + block_size - 1) / block_size + 1;
-    p.num_blocks = p.batch * p.blocks_per_seq;
-  }
+  fa::DecodeProblem p = fa::DecodeProblem::sequences(std::move(lens), heads, kv_heads, q_len, d);
+  if (block_size > 0) return p.in_blocks(block_size, 1, 0);  // a spare block per sequence
+  p.capacity = p.max_seqlen() + 3;
   return p;
 }
 

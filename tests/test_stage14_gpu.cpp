@@ -32,24 +32,12 @@ bool small() { return std::getenv("FA_TEST_SMALL") != nullptr; }
 bool large() { return std::getenv("FA_TEST_LARGE") != nullptr; }
 
 fa::DecodeProblem contiguous(std::vector<int> lens, int heads, int kv_heads, int q_len, int d = 128) {
-  fa::DecodeProblem p;
-  p.batch = int(lens.size());
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.q_len = q_len;
-  p.head_dim = d;
-  p.cache_seqlens = lens;
+  fa::DecodeProblem p = fa::DecodeProblem::sequences(std::move(lens), heads, kv_heads, q_len, d);
   p.capacity = std::max(1, p.max_seqlen() + 5);  // room past the longest: a read past a length would show
   return p;
 }
 
-fa::DecodeProblem paged(fa::DecodeProblem p, int block_size) {
-  p.capacity = 0;
-  p.block_size = block_size;
-  p.blocks_per_seq = std::max(1, (p.max_seqlen() + block_size - 1) / block_size);
-  p.num_blocks = p.batch * p.blocks_per_seq + 2;
-  return p;
-}
+fa::DecodeProblem paged(const fa::DecodeProblem& p, int block_size) { return p.in_blocks(block_size, 0, 2); }
 
 fa::CheckReport run_gpu(const fa::DecodeProblem& p, fa::Dtype dtype, fa::DecodeTensors& t, s14::GpuOptions o) {
   s14::decode_gpu(p, dtype, t.Q.data(), t.K_cache.data(), t.V_cache.data(), p.paged() ? t.block_table.data() : nullptr,

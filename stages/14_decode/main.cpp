@@ -83,12 +83,7 @@ int main(int argc, char** argv) {
     if (!lens.empty()) p.batch = int(lens.size());
     p.cache_seqlens = lens.empty() ? std::vector<int>(size_t(p.batch), cache) : lens;
     p.causal = !non_causal;
-    if (p.paged()) {
-      p.blocks_per_seq = std::max(1, (p.max_seqlen() + p.block_size - 1) / p.block_size);
-      p.num_blocks = p.batch * p.blocks_per_seq;
-    } else if (p.capacity == 0) {
-      p.capacity = std::max(1, p.max_seqlen());
-    }
+    p.size_cache();
     cpu_options.splits = splits;
     const fa::Dtype dtype = cpu ? fa::Dtype::F32 : fa::parse_dtype(dtype_s);
     p.validate(program);
