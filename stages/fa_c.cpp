@@ -118,7 +118,7 @@ void require_buffers(const fa::StageInfo& s, std::initializer_list<Buffer> buffe
 
 // ---- decoding (stage 14): its own problem, not a stage of the list ----
 
-constexpr const char* kDecodeStage = fa::stage14::kStage;
+constexpr const char* kDecodeStage = fa::stage14::kStageName;
 
 // The decode problem with its lengths: a host array, or none (a device call, whose lengths
 // stay on the device: every sequence counts as full, which is what the split rule and the

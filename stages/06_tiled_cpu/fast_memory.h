@@ -24,7 +24,6 @@
 
 namespace fa::stage06 {
 
-inline constexpr const char* kStage = "06_tiled_cpu";
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // A tile in fast memory, seen by Eigen as a row-major matrix (a view: no copy).
@@ -61,7 +60,7 @@ inline FastBuffer fast_buffer(int64_t elems, const char* what) {
   try {
     return FastBuffer(size_t(elems));
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
-    throw OutOfMemory(std::string(kStage) + ": " + what + ": cannot allocate " + std::to_string(elems) +
+    throw OutOfMemory(std::string(kStageName) + ": " + what + ": cannot allocate " + std::to_string(elems) +
                       " floats of fast memory");
   }
 }
@@ -128,7 +127,7 @@ struct Workers {
       : count(int(std::clamp<int64_t>(n_tasks, 1, threads))), traffic(size_t(count)) {
     // Every worker's tiles together, before the first is allocated.
     require_fits_in_memory(count * FastMemory::floats(p, t) * sizeof(float),
-                           std::string(kStage) + ": the fast memory of " + std::to_string(count) + " worker(s) (B_r = " +
+                           std::string(kStageName) + ": the fast memory of " + std::to_string(count) + " worker(s) (B_r = " +
                                std::to_string(t.B_r) + ", B_c = " + std::to_string(t.B_c) + ")");
     fast.assign(size_t(count), FastMemory(p, t));
   }

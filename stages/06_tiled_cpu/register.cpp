@@ -11,8 +11,6 @@ namespace fa::stage06 {
 
 namespace {
 
-constexpr const char* kStage = "06_tiled_cpu";
-
 // What the calling thread's last forward and backward counted (with count_traffic on).
 struct LastRuns {
   Traffic forward, backward;
@@ -23,7 +21,7 @@ thread_local LastRuns t_runs;
 
 int64_t count_of(const std::function<int64_t(const Traffic&)>& field) {
   if (t_runs.last == nullptr)
-    throw std::invalid_argument(std::string(kStage) + ": no traffic has been counted yet on this thread (set "
+    throw std::invalid_argument(std::string(kStageName) + ": no traffic has been counted yet on this thread (set "
                                 "option count_traffic to 1, then run forward or backward)");
   return field(*t_runs.last);
 }
@@ -44,7 +42,7 @@ std::vector<Counter> traffic_counters() {
 // Every Config field and the traffic switch, each with its flag and C ABI name.
 const OptionTable& options() {
   static const OptionTable table{
-      kStage,
+      kStageName,
       {Option::range("block_q", 1, 1 << 30, 0, "B_r, query rows per tile (0: min(ceil(M/4d), d))"),
        Option::range("block_k", 1, 1 << 30, 0, "B_c, key rows per tile (0: ceil(M/4d))"),
        Option::range("sram_bytes", 1, int64_t(1) << 40, Config{}.sram_bytes,
@@ -88,7 +86,7 @@ std::string compare_row(const Traffic& counted, const Traffic& predicted) {
 
 StageInfo info() {
   StageInfo s;
-  s.name = kStage;
+  s.name = kStageName;
   s.idea = "FlashAttention-2 tiles (B_r x B_c sized to a fast-memory budget), forward and backward; counts memory traffic";
   s.forward = [](const Problem& p, Dtype, const float* Q, const float* K, const float* V,
                  float* O, float* L) {

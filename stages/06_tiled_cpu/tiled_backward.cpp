@@ -57,15 +57,15 @@ void recompute_P_dS(const Problem& p, float scale, int64_t r0, int64_t c0, const
 void backward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V,
               const float* O, const float* L, const float* dO, float* dQ, float* dK, float* dV,
               Traffic* traffic) {
-  p.validate(kStage);
+  p.validate(kStageName);
   const Tiles t = tiles_for(p, c);
-  require_backward_buffers(kStage, p, Q, K, V, O, L, dO, dQ, dK, dV);
+  require_backward_buffers(kStageName, p, Q, K, V, O, L, dO, dQ, dK, dV);
   const int64_t d = p.head_dim, N_q = p.seq_q, N_k = p.seq_k;
   const float scale = p.softmax_scale();
   if (traffic) *traffic = Traffic{};
 
   // D = rowsum(dO∘O) lives in slow memory like L: [batch][heads][N_q].
-  std::vector<float> D = allocate(p.l_elems(), std::string(kStage) + ": D");
+  std::vector<float> D = allocate(p.l_elems(), std::string(kStageName) + ": D");
 
   // Pass 1 of 3: D, one task per (batch, head, query tile i).
   {

@@ -41,7 +41,7 @@ namespace fa::stage06 {
 
 Tiles tiles_for(const Problem& p, const Config& c) {
   const auto refuse = [](const std::string& what) {
-    throw std::invalid_argument(std::string(kStage) + ": " + what);
+    throw std::invalid_argument(std::string(kStageName) + ": " + what);
   };
   if (c.block_q < 0)
     refuse("block_q = " + std::to_string(c.block_q) + " is not allowed (B_r must be >= 1, or 0 to derive it from sram_bytes)");
@@ -89,9 +89,9 @@ int64_t first_query_tile(const Problem& p, const Tiles& t, int64_t j) {
 
 void forward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V,
              float* O, float* L, Traffic* traffic) {
-  p.validate(kStage);
+  p.validate(kStageName);
   const Tiles t = tiles_for(p, c);
-  require_forward_buffers(kStage, p, Q, K, V, O, L);
+  require_forward_buffers(kStageName, p, Q, K, V, O, L);
   const int64_t d = p.head_dim, N_q = p.seq_q, N_k = p.seq_k;
   const float scale = p.softmax_scale();
 

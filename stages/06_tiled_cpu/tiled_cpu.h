@@ -12,6 +12,10 @@
 
 namespace fa::stage06 {
 
+/// The stage's name (StageInfo::name, its folder): its option table's, and the first
+/// word of every refusal.
+inline constexpr const char* kStageName = "06_tiled_cpu";
+
 /// How the work is cut up. Every field has a command-line flag and a C ABI option.
 struct Config {
   /// B_r, query rows per tile; 0 means "from sram_bytes": min(⌈M/4d⌉, d).

@@ -38,7 +38,7 @@ class DeviceTransport final : public Transport {
     ring_.arrive_and_wait();  // every rank has posted
     const Rendezvous::Post& from = ring_.post_of_previous(rank_);
     if (from.bytes != recv_bytes)
-      throw std::logic_error("12_ring_attention_gpu: rank " + std::to_string(rank_) + " expects " +
+      throw std::logic_error(std::string(kGpuStageName) + ": rank " + std::to_string(rank_) + " expects " +
                              std::to_string(recv_bytes) + " bytes, its previous rank sends " + std::to_string(from.bytes));
     FA_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));                               // recv is free
     FA_CUDA_CHECK(cudaStreamWaitEvent(comm_, static_cast<cudaEvent_t>(from.ready), 0));  // send is written
@@ -79,12 +79,12 @@ std::vector<int> ring_devices(TransportKind t, int ranks) {
   FA_CUDA_CHECK(cudaGetDevice(&current));
   if (t == TransportKind::Device) return std::vector<int>(size_t(ranks), current);
   if (!nccl_built())
-    throw std::invalid_argument("12_ring_attention_gpu: transport nccl is not built in (NCCL was not found when this "
+    throw std::invalid_argument(std::string(kGpuStageName) + ": transport nccl is not built in (NCCL was not found when this "
                                 "tree was configured); use transport device");
   int count = 0;
   FA_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (count < ranks)
-    throw std::invalid_argument("12_ring_attention_gpu: transport nccl with ranks = " + std::to_string(ranks) +
+    throw std::invalid_argument(std::string(kGpuStageName) + ": transport nccl with ranks = " + std::to_string(ranks) +
                                 " needs " + std::to_string(ranks) + " GPUs (one per rank); this machine has " +
                                 std::to_string(count));
   std::vector<int> devices(static_cast<size_t>(ranks));
@@ -99,7 +99,7 @@ std::unique_ptr<Ring> make_ring(TransportKind t, const std::vector<int>& devices
 #ifndef FA_HAVE_NCCL
 bool nccl_built() { return false; }
 std::unique_ptr<Ring> make_nccl_ring(const std::vector<int>&) {
-  throw std::invalid_argument("12_ring_attention_gpu: transport nccl is not built in (NCCL was not found when this "
+  throw std::invalid_argument(std::string(kGpuStageName) + ": transport nccl is not built in (NCCL was not found when this "
                               "tree was configured)");
 }
 #endif

@@ -19,7 +19,7 @@ namespace {
 
 void nccl_check(ncclResult_t result, const char* call) {
   if (result != ncclSuccess)
-    throw std::runtime_error(std::string("12_ring_attention_gpu: ") + call + " failed: " + ncclGetErrorString(result));
+    throw std::runtime_error(std::string(kGpuStageName) + ": " + call + " failed: " + ncclGetErrorString(result));
 }
 
 class NcclTransport final : public Transport {

@@ -23,7 +23,7 @@ thread_local Work t_last_work;  // what the calling thread's last run counted
 
 int64_t last(int64_t (Work::*field)() const) {
   if (t_last_work.ranks() == 0)
-    throw std::invalid_argument("12_ring_attention: no ring has run on this thread yet");
+    throw std::invalid_argument(std::string(kStageName) + ": no ring has run on this thread yet");
   return (t_last_work.*field)();
 }
 
@@ -49,7 +49,7 @@ Option split_option() {
 }
 
 const OptionTable& cpu_options() {
-  static const OptionTable table{"12_ring_attention", {ranks_option(), split_option()}, work_counters()};
+  static const OptionTable table{kStageName, {ranks_option(), split_option()}, work_counters()};
   return table;
 }
 
@@ -75,7 +75,7 @@ std::vector<std::pair<std::string, std::string>> work_rows(const Problem& p, int
 
 StageInfo info() {
   StageInfo s;
-  s.name = "12_ring_attention";
+  s.name = kStageName;
   s.merges_partials = true;
   s.idea = "ring attention: the sequence split across P ranks, K/V passed around a ring, partial (O, L) merged; "
            "zigzag split for causal balance";
@@ -96,7 +96,7 @@ namespace {
 
 const OptionTable& gpu_options() {
   static const OptionTable table{
-      "12_ring_attention_gpu",
+      kGpuStageName,
       {ranks_option(), split_option(),
        Option::choice("transport", std::vector<std::string>{"device", "nccl"},
                       "device (virtual ranks on this GPU, device copies) or nccl (rank r on GPU r)")},
@@ -113,7 +113,7 @@ GpuConfig gpu_config() {
 
 StageInfo gpu_info() {
   StageInfo s;
-  s.name = "12_ring_attention_gpu";
+  s.name = kGpuStageName;
   s.merges_partials = true;
   s.idea = "ring attention on GPUs: stages 08 and 09 on each rank, K/V passed by device copies or NCCL";
   s.is_gpu = true;

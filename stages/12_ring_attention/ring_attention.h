@@ -76,7 +76,7 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
 void backward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V, const float* O,
               const float* L, const float* dO, float* dQ, float* dK, float* dV, Work* work = nullptr);
 
-/// The CPU ring for the driver, the tour, the tests and the C ABI ("12_ring_attention").
+/// The CPU ring for the driver, the tour, the tests and the C ABI (kStageName).
 /// Options --ranks, --split (set_option "ranks", "split"); counters of the calling thread's
 /// last run: "work_total", "work_busiest", "work_idlest", "work_critical" (score entries per
 /// head), "efficiency_permille" (1000·total / (P·critical)).

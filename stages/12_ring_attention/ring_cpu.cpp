@@ -17,7 +17,6 @@ namespace fa::stage12 {
 
 namespace {
 
-constexpr const char* kStage = "12_ring_attention";
 
 // A whole tensor is `slices` slices (batch × heads) of `rows` rows of `width` floats; a chunk
 // holds rows [row0, row0 + n) of every slice, densely. gather: whole → chunk; scatter: back.
@@ -35,7 +34,7 @@ class CpuRank final : public Rank {
  public:
   CpuRank(const Plan& plan, int rank, bool backward) : plan_(plan), p_(plan.problem), rank_(rank) {
     const auto buffer = [&](int64_t elems, const char* what) {
-      return allocate(elems, std::string(kStage) + ": rank " + std::to_string(rank) + " " + what);
+      return allocate(elems, std::string(kStageName) + ": rank " + std::to_string(rank) + " " + what);
     };
     const int64_t q = plan.q_shard_elems(rank), l = q / p_.head_dim, kv = plan.max_kv_shard_elems();
     const int64_t q_chunk = int64_t(p_.batch) * p_.heads * plan.max_q_chunk_rows() * p_.head_dim;
@@ -161,11 +160,11 @@ class CpuRank final : public Rank {
 
 // The plan of a call, after every refusal: nothing has been written when this throws.
 Plan checked_plan(const Problem& p, const Config& c) {
-  p.validate(kStage);
+  p.validate(kStageName);
   if (c.split != Split::Zigzag && c.split != Split::Plain)
-    throw std::invalid_argument(std::string(kStage) + ": split = " + std::to_string(int(c.split)) +
+    throw std::invalid_argument(std::string(kStageName) + ": split = " + std::to_string(int(c.split)) +
                                 " is not zigzag (0) or plain (1)");
-  return make_plan(p, ranks_for(p, c.ranks, c.split), c.split, kStage);
+  return make_plan(p, ranks_for(p, c.ranks, c.split), c.split, kStageName);
 }
 
 // Every rank's buffers, allocated before any thread starts (a refusal for memory comes first).
@@ -180,7 +179,7 @@ std::vector<std::unique_ptr<CpuRank>> make_ranks(const Plan& plan, bool backward
 void forward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V, float* O, float* L,
              Work* work) {
   const Plan plan = checked_plan(p, c);
-  require_forward_buffers(kStage, p, Q, K, V, O, L);
+  require_forward_buffers(kStageName, p, Q, K, V, O, L);
   auto ranks = make_ranks(plan, false);
   if (work) *work = Work(plan.ranks);
   ThreadRing kv_ring(plan.ranks);
@@ -200,7 +199,7 @@ void forward(const Problem& p, const Config& c, const float* Q, const float* K, 
 void backward(const Problem& p, const Config& c, const float* Q, const float* K, const float* V, const float* O,
               const float* L, const float* dO, float* dQ, float* dK, float* dV, Work* work) {
   const Plan plan = checked_plan(p, c);
-  require_backward_buffers(kStage, p, Q, K, V, O, L, dO, dQ, dK, dV);
+  require_backward_buffers(kStageName, p, Q, K, V, O, L, dO, dQ, dK, dV);
   auto ranks = make_ranks(plan, true);
   if (work) *work = Work(plan.ranks);
   ThreadRing kv_ring(plan.ranks), dkv_ring(plan.ranks);

@@ -25,7 +25,6 @@ namespace fa::stage12 {
 
 namespace {
 
-constexpr const char* kStage = "12_ring_attention_gpu";
 
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__half x) { return __half2float(x); }
@@ -87,7 +86,7 @@ class GpuRank final : public Rank {
     FA_CUDA_CHECK(cudaSetDevice(device));
     FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const auto buffer = [&](int64_t elems, size_t bytes, const char* what) {
-      return DeviceBuffer(size_t(elems) * bytes, std::string(kStage) + ": rank " + std::to_string(rank) + " " + what);
+      return DeviceBuffer(size_t(elems) * bytes, std::string(kGpuStageName) + ": rank " + std::to_string(rank) + " " + what);
     };
     const int64_t q = plan.q_shard_elems(rank), l = q / p_.head_dim, kv = plan.max_kv_shard_elems();
     const int64_t q_chunk = int64_t(p_.batch) * p_.heads * plan.max_q_chunk_rows() * p_.head_dim;
@@ -303,20 +302,20 @@ struct DeviceGuard {
 // Every refusal of a call, before anything is written: the problem, dtype and head dim (as
 // stages 08 and 09 refuse them), the config, and the cut of the sequence.
 Plan checked_plan(const Problem& p, const GpuConfig& c, Dtype t) {
-  require_tensor_core_request(kStage, p, t, gpu_head_dims());
-  require_grid_rows(kStage, p);
+  require_tensor_core_request(kGpuStageName, p, t, gpu_head_dims());
+  require_grid_rows(kGpuStageName, p);
   if (c.split != Split::Zigzag && c.split != Split::Plain)
-    throw std::invalid_argument(std::string(kStage) + ": split = " + std::to_string(int(c.split)) +
+    throw std::invalid_argument(std::string(kGpuStageName) + ": split = " + std::to_string(int(c.split)) +
                                 " is not zigzag (0) or plain (1)");
   if (c.transport != TransportKind::Device && c.transport != TransportKind::Nccl)
-    throw std::invalid_argument(std::string(kStage) + ": transport = " + std::to_string(int(c.transport)) +
+    throw std::invalid_argument(std::string(kGpuStageName) + ": transport = " + std::to_string(int(c.transport)) +
                                 " is not device (0) or nccl (1)");
-  return make_plan(p, ranks_for(p, c.ranks, c.split), c.split, kStage);
+  return make_plan(p, ranks_for(p, c.ranks, c.split), c.split, kGpuStageName);
 }
 
 void require_tensor(const char* name, const void* ptr, int64_t elems, size_t alignment) {
   if (elems > 0)
-    require_device_pointer(kStage, name, ptr, alignment,
+    require_device_pointer(kGpuStageName, name, ptr, alignment,
                            alignment == 16 ? "the tensor-core stages load 16 bytes at a time" : "fp32");
 }
 

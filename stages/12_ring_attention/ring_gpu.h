@@ -128,7 +128,7 @@ class GpuRing {
   std::vector<int> sums_;  // [rank] the dkv buffer that ring_backward left the shard's sums in
 };
 
-/// The GPU ring for the driver, the tests and the C ABI ("12_ring_attention_gpu"). Options
+/// The GPU ring for the driver, the tests and the C ABI (kGpuStageName). Options
 /// --ranks, --split, --transport (set_option "ranks", "split", "transport"); the counters of
 /// the CPU ring's info().
 StageInfo gpu_info();

@@ -85,7 +85,7 @@ Problem pair_problem(const Problem& p, Range q, Range k, PairKind kind) {
   // The pair's bottom-right mask (local key j ≤ local row i + n_k − n_q) is the problem's
   // (global k.begin + j ≤ q.begin + i + N_k − N_q) exactly when both end on the same diagonal.
   if (pair.causal && k.end - q.end != int64_t(p.seq_k) - p.seq_q)
-    throw std::logic_error("12_ring_attention: a diagonal pair whose mask is not the problem's (rows [" +
+    throw std::logic_error(std::string(kStageName) + ": a diagonal pair whose mask is not the problem's (rows [" +
                            std::to_string(q.begin) + ", " + std::to_string(q.end) + "), keys [" +
                            std::to_string(k.begin) + ", " + std::to_string(k.end) + "))");
   return pair;

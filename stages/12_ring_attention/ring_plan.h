@@ -15,6 +15,11 @@
 
 namespace fa::stage12 {
 
+/// The stage's two names (StageInfo::name): the CPU ring's, which is the folder's, and the
+/// GPU ring's. Each is its option table's name and the first word of its refusals.
+inline constexpr const char* kStageName = "12_ring_attention";
+inline constexpr const char* kGpuStageName = "12_ring_attention_gpu";
+
 /// How the rows are dealt to the ranks.
 ///  - Zigzag: 2P chunks; rank r holds chunks r and 2P−1−r (one early, one late: under a
 ///    causal mask every rank then does the same work at every step).

@@ -4,11 +4,13 @@
 #include <cstring>
 #include <string>
 
+#include "ring_plan.h"
+
 namespace fa::stage12 {
 
 void Rendezvous::arrive_and_wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (aborted_) throw RingAborted("12_ring_attention: another rank of the ring failed");
+  if (aborted_) throw RingAborted(std::string(kStageName) + ": another rank of the ring failed");
   const int64_t generation = generation_;
   if (++arrived_ == ranks_) {  // the last to arrive opens the barrier for everyone
     arrived_ = 0;
@@ -17,7 +19,7 @@ void Rendezvous::arrive_and_wait() {
     return;
   }
   all_arrived_.wait(lock, [&] { return generation_ != generation || aborted_; });
-  if (generation_ == generation) throw RingAborted("12_ring_attention: another rank of the ring failed");
+  if (generation_ == generation) throw RingAborted(std::string(kStageName) + ": another rank of the ring failed");
 }
 
 void Rendezvous::abort() {
@@ -39,7 +41,7 @@ class ThreadTransport final : public Transport {
     ring_.arrive_and_wait();  // every rank has posted
     const Rendezvous::Post& from = ring_.post_of_previous(rank_);
     if (from.bytes != recv_bytes)
-      throw std::logic_error("12_ring_attention: rank " + std::to_string(rank_) + " expects " +
+      throw std::logic_error(std::string(kStageName) + ": rank " + std::to_string(rank_) + " expects " +
                              std::to_string(recv_bytes) + " bytes, its previous rank sends " + std::to_string(from.bytes));
     if (recv_bytes > 0) std::memcpy(recv, from.send, recv_bytes);
   }

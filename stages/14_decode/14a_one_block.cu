@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads) decode_14a(const DecodeParams p) {
 }  // namespace
 
 StepKernel step_14a(int d, Dtype dtype) {
-  return instantiate_step<64, 128>(kStage, "14a", d, dtype, [](auto D, auto elem) {
+  return instantiate_step<64, 128>(kStageName, "14a", d, dtype, [](auto D, auto elem) {
     using T = decltype(elem);
     StepKernel k = make_step_kernel(decode_14a<T, D>, Threads{kThreads}, BlockRows{kTileRows},
                                     BlockCols{kTileKeys}, SmemBytes{0});

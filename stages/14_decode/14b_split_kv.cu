@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) decode_14b(const DecodeParams p) {
 }  // namespace
 
 StepKernel step_14b(int d, Dtype dtype) {
-  return instantiate_step<64, 128>(kStage, "14b", d, dtype, [](auto D, auto elem) {
+  return instantiate_step<64, 128>(kStageName, "14b", d, dtype, [](auto D, auto elem) {
     using T = decltype(elem);
     StepKernel k = make_step_kernel(decode_14b<T, D>, Threads{kThreads}, BlockRows{kTileRows},
                                     BlockCols{kTileKeys}, SmemBytes{0});

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) decode_14d(const DecodeParams p) {
 }  // namespace
 
 StepKernel step_14d(int d, Dtype dtype, bool paged) {
-  return instantiate_step<64, 128>(kStage, "14d", d, dtype, [paged](auto D, auto elem) {
+  return instantiate_step<64, 128>(kStageName, "14d", d, dtype, [paged](auto D, auto elem) {
     using T = decltype(elem);
     StepKernel k = paged ? make_step_kernel(decode_14d<T, D, PagedKeys<D>>, Threads{kThreads}, BlockRows{kTileRows},
                                             BlockCols{kTileKeys}, SmemBytes{0})

@@ -47,7 +47,7 @@ __global__ void append_kv(const DecodeParams p, const uint4* K_new, const uint4*
 
 StepKernel append_kernel(int d) {
   // The element type does not matter to a copy: instantiate as bf16 only to pick the head dim.
-  return instantiate_step<64, 128>(kStage, "append", d, Dtype::BF16, [](auto D, auto) {
+  return instantiate_step<64, 128>(kStageName, "append", d, Dtype::BF16, [](auto D, auto) {
     StepKernel k = make_step_kernel(append_kv<D>, Threads{D / 8}, BlockRows{1}, BlockCols{D}, SmemBytes{0});
     k.description = "one block per (new token, KV head, sequence); 16-byte copies";
     return k;

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(D) combine_splits(const DecodeParams p) {
 }  // namespace
 
 StepKernel combine_kernel(int d, Dtype dtype) {
-  return instantiate_step<64, 128>(kStage, "combine", d, dtype, [](auto D, auto elem) {
+  return instantiate_step<64, 128>(kStageName, "combine", d, dtype, [](auto D, auto elem) {
     using T = decltype(elem);
     StepKernel k = make_step_kernel(combine_splits<T, D>, Threads{D}, BlockRows{1}, BlockCols{D}, SmemBytes{0});
     k.description = "one block per row, one thread per column; splits merged in order";

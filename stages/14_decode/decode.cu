@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) decode_14e(const DecodeParams 
 }  // namespace
 
 StepKernel step_14e(int d, Dtype dtype, bool paged) {
-  return instantiate_step<64, 128>(kStage, "14e", d, dtype, [paged](auto D, auto elem) {
+  return instantiate_step<64, 128>(kStageName, "14e", d, dtype, [paged](auto D, auto elem) {
     using T = decltype(elem);
     constexpr int kBytes = MmaSmem<T, D>::kBytes;
     StepKernel k = paged ? make_step_kernel(decode_14e<T, D, PagedKeys<D>>, Threads{kMmaThreads},

@@ -10,7 +10,8 @@
 
 namespace fa::stage14 {
 
-inline constexpr const char* kStage = "14_decode";
+/// The stage's name (its folder): the first word of every refusal.
+inline constexpr const char* kStageName = "14_decode";
 /// The stage's idea in one line (the stage map of the docs reads it).
 inline constexpr const char* kIdea =
     "decoding at the memory roofline: split-KV with a log-sum-exp combine, GQA packing, a paged KV cache";

@@ -87,7 +87,7 @@ int cpu_splits(const CpuOptions& options) {
 
 void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, const float* V_cache,
                 const int* block_table, float* O, float* L, const CpuOptions& options) {
-  const std::string who = std::string(kStage) + " (cpu)";
+  const std::string who = std::string(kStageName) + " (cpu)";
   p.validate(who);
   p.validate_block_table(block_table, who);
   if (options.splits < 0 || options.splits > 4096)
@@ -166,7 +166,7 @@ void decode_cpu(const DecodeProblem& p, const float* Q, const float* K_cache, co
 
 void append_kv_cpu(const DecodeProblem& p, const float* K_new, const float* V_new, float* K_cache, float* V_cache,
                    const int* block_table) {
-  const std::string who = std::string(kStage) + " (append)";
+  const std::string who = std::string(kStageName) + " (append)";
   p.validate(who);
   p.validate_block_table(block_table, who);
   p.validate_append(who);

@@ -62,7 +62,7 @@ int row_tiles_of(const DecodeProblem& p, Step step) {
 }  // namespace
 
 void require_gpu_request(const DecodeProblem& p, Dtype dtype, const GpuOptions& options) {
-  const std::string who = kStage;
+  const std::string who = kStageName;
   p.validate(who);
   if (dtype != Dtype::BF16 && dtype != Dtype::F16)
     throw std::invalid_argument(who + ": dtype " + dtype_name(dtype) +
@@ -97,7 +97,7 @@ std::string LaunchPlan::describe() const {
 }
 
 LaunchPlan plan(const DecodeProblem& p, const GpuOptions& options) {
-  require_gpu(kStage);
+  require_gpu(kStageName);
   LaunchPlan plan;
   plan.step = resolved(options.step);
   plan.row_tiles = row_tiles_of(p, plan.step);
@@ -124,7 +124,7 @@ void decode_device(const DecodeProblem& p, Dtype dtype, const void* Q, const voi
                    const int* cache_seqlens, const int* block_table, void* O, float* L, void* stream_,
                    const GpuOptions& options) {
   require_gpu_request(p, dtype, options);
-  const std::string who = kStage;
+  const std::string who = kStageName;
   require_device_pointer(who, "Q", Q, 2, "2-byte elements");
   require_device_pointer(who, "K_cache", K_cache, 16, "16-byte cp.async copies");
   require_device_pointer(who, "V_cache", V_cache, 16, "16-byte cp.async copies");
@@ -170,7 +170,7 @@ void decode_device(const DecodeProblem& p, Dtype dtype, const void* Q, const voi
 
 void append_kv_device(const DecodeProblem& p, Dtype dtype, const void* K_new, const void* V_new, void* K_cache,
                       void* V_cache, const int* cache_seqlens, const int* block_table, void* stream) {
-  const std::string who = std::string(kStage) + " (append)";
+  const std::string who = std::string(kStageName) + " (append)";
   require_gpu_request(p, dtype, GpuOptions{p.paged() ? Step::Paged : Step::Auto, 0});
   require_gpu(who);
   for (auto [name, ptr] : {std::pair{"K_new", K_new}, {"V_new", V_new}, {"K_cache", (const void*)K_cache},
@@ -213,8 +213,8 @@ struct DeviceInputs {
 void decode_gpu(const DecodeProblem& p, Dtype dtype, const float* Q, const float* K_cache, const float* V_cache,
                 const int* block_table, float* O, float* L, const GpuOptions& options) {
   require_gpu_request(p, dtype, options);
-  p.validate_block_table(block_table, kStage);  // a host table: every entry a sequence uses is checked
-  require_gpu(kStage);
+  p.validate_block_table(block_table, kStageName);  // a host table: every entry a sequence uses is checked
+  require_gpu(kStageName);
   cudaStream_t stream = nullptr;
   DeviceInputs in(p, dtype, Q, K_cache, V_cache, block_table, stream);
   DeviceBuffer O_dev(size_t(p.q_elems()) * dtype_size(dtype), "O"), L_dev(size_t(p.l_elems()) * 4, "L");
@@ -226,7 +226,7 @@ void decode_gpu(const DecodeProblem& p, Dtype dtype, const float* Q, const float
 
 void append_kv_gpu(const DecodeProblem& p, Dtype dtype, const float* K_new, const float* V_new, float* K_cache,
                    float* V_cache, const int* block_table) {
-  const std::string who = std::string(kStage) + " (append)";
+  const std::string who = std::string(kStageName) + " (append)";
   p.validate(who);
   p.validate_block_table(block_table, who);
   p.validate_append(who);
@@ -252,7 +252,7 @@ void append_kv_gpu(const DecodeProblem& p, Dtype dtype, const float* K_new, cons
 
 BenchResult bench_gpu(const DecodeProblem& p, Dtype dtype, const GpuOptions& options, int repeats) {
   require_gpu_request(p, dtype, options);
-  require_gpu(kStage);
+  require_gpu(kStageName);
   cudaStream_t stream = nullptr;  // a stream of its own: the legacy default stream cannot be captured
   FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   int device = 0, l2 = 0;

@@ -38,7 +38,7 @@ bool print_check(const fa::DecodeProblem& p, fa::Dtype dtype, const fa::DecodeTe
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string program = s14::kStage;
+  const std::string program = s14::kStageName;
   fa::DecodeProblem p;
   int cache = 1024, seed = 1, repeat = 20;
   std::vector<int> lens;

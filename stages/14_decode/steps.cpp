@@ -22,7 +22,7 @@ std::string step_name(Step s) {
 Step parse_step(const std::string& name) {
   for (Step s : {Step::Auto, Step::OneBlock, Step::SplitKV, Step::GqaPacking, Step::Paged, Step::TensorCores})
     if (name == step_name(s)) return s;
-  throw std::invalid_argument(std::string(kStage) + ": step '" + name +
+  throw std::invalid_argument(std::string(kStageName) + ": step '" + name +
                               "' is not a step (steps: auto, 14a, 14b, 14c, 14d, 14e)");
 }
 
