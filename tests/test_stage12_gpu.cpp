@@ -1,18 +1,22 @@
-// Stage 12's GPU ring with virtual ranks on one GPU (stages 08 and 09 on every rank, shards
-// passed by device copies on a stream of their own) against the shared matrix (docs/design.md
-// §6) in bf16 and f16, forward and backward, plus: every ring size 1, 2, 3, 4, 8 and both splits
-// on odd and unequal lengths, GQA, causal and not; P = 1 equal to stages 08 and 09 bitwise; runs
-// bitwise reproducible; the work counted as on the CPU; refusals before anything is written.
+// Stage 12's GPU ring with virtual ranks on one GPU (stages 10 and 11 on every rank of a Hopper
+// GPU, 08 and 09 elsewhere; shards passed by device copies on a stream of their own) against the
+// shared matrix (docs/design.md §6) in bf16 and f16, forward and backward, plus: every ring size
+// 1, 2, 3, 4, 8 and both splits on odd and unequal lengths, GQA, causal and not, with each kernel
+// set the GPU has; P = 1 equal to the rank's stages bitwise; runs bitwise reproducible; the work
+// counted as on the CPU; refusals before anything is written.
 // Needs a GPU (exits 77 without one). FA_TEST_SMALL=1 (compute-sanitizer) shrinks the shapes.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "cuda_utils.h"
+#include "hopper_bwd.h"
+#include "hopper_fwd.h"
 #include "ring_gpu.h"
 #include "stage_checks.h"
 #include "stage_list.h"
@@ -31,15 +35,31 @@ constexpr auto make = &fa::test::make_problem;
 const fa::StageInfo& stage() { return fa::find_stage("12_ring_attention_gpu"); }
 
 struct RingOptions {
-  RingOptions(int ranks, s12::Split split) {
+  RingOptions(int ranks, s12::Split split, s12::RankKernels kernels = s12::RankKernels::Auto) {
     stage().set_option("ranks", ranks);
     stage().set_option("split", int64_t(split));
+    stage().set_option("kernels", int64_t(kernels));
   }
   ~RingOptions() {
     stage().set_option("ranks", 0);
     stage().set_option("split", 0);
+    stage().set_option("kernels", 0);
   }
 };
+
+// The current GPU is a Hopper (compute capability 9.x): both kernel sets run on it.
+bool on_hopper() {
+  int device = 0, major = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+}
+
+// The kernel sets this GPU runs: 08/09 everywhere, 10/11 on Hopper.
+std::vector<s12::RankKernels> kernel_sets() {
+  if (on_hopper()) return {s12::RankKernels::Hopper, s12::RankKernels::TensorCores};
+  return {s12::RankKernels::TensorCores};
+}
 
 // Device copies of a problem's inputs and room for every output, in `dtype` (L fp32).
 struct DeviceTensors {
@@ -99,11 +119,12 @@ TEST_CASE("stage 12 gpu: random shapes") { fa::test::check_random_shapes(stage()
 TEST_CASE("stage 12 gpu: virtual ranks P = 1, 2, 3, 4, 8, both splits, against the reference") {
   const bool small = fa::test::small_mode();
   uint64_t seed = 1250;
+  for (s12::RankKernels kernels : kernel_sets())
   for (int P : {1, 2, 3, 4, 8})
     for (s12::Split split : {s12::Split::Zigzag, s12::Split::Plain})
       for (bool causal : {false, true}) {
         if (small && P != 3 && P != 8) continue;
-        const RingOptions ring(P, split);
+        const RingOptions ring(P, split, kernels);
         std::vector<Problem> shapes = {make(1, 8, 2, small ? 41 : 97, small ? 41 : 97, 64, causal),  // odd, GQA
                                        make(1, 2, 1, small ? 50 : 300, 77, 128, causal),             // N_q > N_k
                                        make(1, 2, 2, 77, small ? 50 : 300, 64, causal)};             // N_q < N_k
@@ -111,28 +132,52 @@ TEST_CASE("stage 12 gpu: virtual ranks P = 1, 2, 3, 4, 8, both splits, against t
         for (const Problem& p : shapes)
           for (Dtype t : {Dtype::BF16, Dtype::F16}) {
             if (small && t == Dtype::F16) continue;
-            INFO("P = " << P << ", " << s12::split_name(split) << " split, " << fa::dtype_name(t));
+            INFO("P = " << P << ", " << s12::split_name(split) << " split, " << fa::dtype_name(t) << ", kernels "
+                         << s12::kernels_name(kernels));
             fa::test::expect_pass(stage(), p, t, seed++, fa::Dist::Normal, true);
           }
       }
 }
 
-TEST_CASE("stage 12 gpu: one rank is stages 08 and 09 (deterministic dQ), bitwise") {
-  for (bool causal : {false, true}) {
-    const Problem p = make(1, 4, 2, 130, 97, 64, causal);
-    const fa::Tensors x = fa::Tensors::make(p, 1251, fa::Dist::Normal, true);
-    DeviceTensors ring(p, Dtype::BF16, x), direct(p, Dtype::BF16, x);
-    ring.ring(s12::GpuConfig{1, s12::Split::Plain, s12::TransportKind::Device});
-    fa::stage09::Options o;
-    o.deterministic = true;
-    fa::stage08::forward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
-                         direct.L.as<float>(), nullptr, fa::stage08::Options{});
-    fa::stage09::backward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
-                          direct.L.as<float>(), direct.dO.get(), direct.dQ.get(), direct.dK.get(), direct.dV.get(),
-                          nullptr, o);
-    FA_CUDA_CHECK(cudaDeviceSynchronize());
-    CHECK(ring.outputs() == direct.outputs());
-  }
+TEST_CASE("stage 12 gpu: one rank is the rank's stages (deterministic dQ), bitwise") {
+  for (s12::RankKernels kernels : kernel_sets())
+    for (bool causal : {false, true}) {
+      const bool hopper = kernels == s12::RankKernels::Hopper;
+      INFO("kernels " << s12::kernels_name(kernels) << (causal ? ", causal" : ""));
+      const Problem p = make(1, 4, 2, 130, 97, 64, causal);
+      const fa::Tensors x = fa::Tensors::make(p, 1251, fa::Dist::Normal, true);
+      DeviceTensors ring(p, Dtype::BF16, x), direct(p, Dtype::BF16, x);
+      ring.ring(s12::GpuConfig{1, s12::Split::Plain, s12::TransportKind::Device, kernels});
+      if (hopper) {
+        fa::stage11::Options o;
+        o.deterministic = true;
+        fa::stage10::forward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
+                             direct.L.as<float>(), nullptr, fa::stage10::Options{});
+        fa::stage11::backward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
+                              direct.L.as<float>(), direct.dO.get(), direct.dQ.get(), direct.dK.get(),
+                              direct.dV.get(), nullptr, o);
+      } else {
+        fa::stage09::Options o;
+        o.deterministic = true;
+        fa::stage08::forward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
+                             direct.L.as<float>(), nullptr, fa::stage08::Options{});
+        fa::stage09::backward(p, Dtype::BF16, direct.Q.get(), direct.K.get(), direct.V.get(), direct.O.get(),
+                              direct.L.as<float>(), direct.dO.get(), direct.dQ.get(), direct.dK.get(),
+                              direct.dV.get(), nullptr, o);
+      }
+      FA_CUDA_CHECK(cudaDeviceSynchronize());
+      CHECK(ring.outputs() == direct.outputs());
+    }
+}
+
+TEST_CASE("stage 12 gpu: auto picks the Hopper stages on a Hopper GPU, and both sets cover the ring's head dims") {
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  CHECK(s12::runs_hopper(s12::RankKernels::Auto, {device}) == on_hopper());
+  CHECK_FALSE(s12::runs_hopper(s12::RankKernels::TensorCores, {device}));
+  CHECK(s12::gpu_head_dims() == fa::stage11::kHeadDims);  // the Hopper backward has every head dim of 09
+  for (int d : s12::gpu_head_dims())
+    CHECK(std::count(fa::stage10::kHeadDims.begin(), fa::stage10::kHeadDims.end(), d) == 1);
 }
 
 TEST_CASE("stage 12 gpu: a ring is bitwise reproducible, and counts the CPU ring's work") {
@@ -176,6 +221,11 @@ TEST_CASE("stage 12 gpu: refusals come before anything is written") {
   refused(d80, ok, Dtype::BF16, d.K.get(), "head_dim = 80 is not supported");
   refused(p, ok, Dtype::BF16, static_cast<const char*>(d.K.get()) + 2, "pointer K");
   refused(p, ok, Dtype::BF16, nullptr, "K");
+  refused(p, {2, s12::Split::Plain, s12::TransportKind::Device, s12::RankKernels(7)}, Dtype::BF16, d.K.get(),
+          "kernels = 7 is not auto (0), tensor_core (1) or hopper (2)");
+  if (!on_hopper())
+    refused(p, {2, s12::Split::Plain, s12::TransportKind::Device, s12::RankKernels::Hopper}, Dtype::BF16, d.K.get(),
+            "kernels = hopper needs GPUs of compute capability 9.x");
   int gpus = 0;
   FA_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   if (!s12::nccl_built())

@@ -27,7 +27,7 @@ def load(path):
     out = {}
     with p.open(newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
-            if r.get("what") != "12_ring_attention_gpu" or not r.get("ms"):
+            if not r.get("what", "").startswith("12_ring_attention_gpu") or not r.get("ms"):
                 continue
             num = lambda k: float(r[k]) if r.get(k) else None  # noqa: E731
             key = (int(r["seq_q"]), r["causal"] == "1", int(r["ranks"]), r["split"], r["pass"])
@@ -76,11 +76,12 @@ def ms(x):
     return "—" if x is None else (f"{x:.1f}" if x < 100 else f"{x:.0f}")
 
 
-def tables(rows):
+def tables(rows, source="docs/results/stage12_scaling.csv"):
     first = next(iter(rows.values()))
+    kernels = "stages 10 and 11" if first["what"].endswith("[kernels=hopper]") else "stages 08 and 09"
     lines = [f"{first['device']} × {first['gpus']}, {first['dtype']}, d = {first['head_dim']}, "
-             f"batch {first['batch']}, {first['heads']} heads, {first['transport']} transport "
-             f"(`docs/results/stage12_scaling.csv`). Times in ms of a whole ring, from the first "
+             f"batch {first['batch']}, {first['heads']} heads, {first['transport']} transport, {kernels} on "
+             f"each rank (`{source}`). Times in ms of a whole ring, from the first "
              "rank's start to the last rank's end (the median of the repetitions); *fwd+bwd* = "
              "the forward's ring and the backward's added; *of ideal* = t₁ / (P·t_P) of fwd+bwd; *exchanges* = what the exchanges add to the "
              "arithmetic alone, serialised → overlapped, as a share of it (t_compute).", ""]
@@ -126,7 +127,7 @@ def main(path):
         print("Not measured yet: `scripts/gpu/stage12_scaling.sh OUT` on a machine with several GPUs writes "
               "`OUT/stage12_scaling.csv`; committed as `docs/results/stage12_scaling.csv`, it fills this table.")
         return 0
-    print(tables(rows))
+    print(tables(rows, path))
     return 0
 
 

@@ -140,7 +140,7 @@ double sent_mib(const s12::Plan& plan, Dtype t, bool backward) {
 }
 
 struct Run {  // what every row shares
-  std::string device, commit, date;
+  std::string device, commit, date, what;
   int gpus = 0;
   std::FILE* csv = nullptr;
 };
@@ -149,8 +149,9 @@ void write_row(const Run& run, const Problem& p, Dtype t, const s12::GpuConfig& 
                const Timing (&m)[3], double sent, const std::string& check, const std::string& note) {
   if (!run.csv) return;
   const double flops = p.forward_flops() * (backward ? 2.5 : 1.0);
-  std::fprintf(run.csv, "%s,%d,%s,%s,12_ring_attention_gpu,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%s,%s,", run.device.c_str(),
-               run.gpus, run.commit.c_str(), run.date.c_str(), backward ? "bwd" : "fwd", fa::dtype_name(t), p.batch,
+  // what: the stage, and [kernels=hopper] when the ranks ran stages 10/11 (no tag: 08/09).
+  std::fprintf(run.csv, "%s,%d,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%s,%s,", run.device.c_str(), run.gpus,
+               run.commit.c_str(), run.date.c_str(), run.what.c_str(), backward ? "bwd" : "fwd", fa::dtype_name(t), p.batch,
                p.heads, p.kv_heads, p.seq_q, p.seq_k, p.head_dim, int(p.causal), c.ranks, s12::split_name(c.split),
                s12::transport_name(c.transport));
   const auto ms = [](const Timing& x) { return x.rank_ms.empty() ? std::string() : std::to_string(x.ring_ms); };
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
   std::vector<int> ranks{1, 2}, seqs{32768}, causals{0, 1};
   std::vector<std::string> splits{"plain", "zigzag"};
   int batch = 1, heads = 8, kv_heads = 0, head_dim = 128, reps = 3, warmup = 1;
-  std::string dtype_text = "bf16", transport_text = "nccl", csv_path, commit = "unknown";
+  std::string dtype_text = "bf16", transport_text = "nccl", kernels_text = "auto", csv_path, commit = "unknown";
   double budget_s = 0;
   bool backward = true, check = true;
   app.add_option("--ranks", ranks, "ring sizes P, e.g. 1,2,4,8 (P = 1 is the baseline of the fraction of ideal)")
@@ -190,6 +191,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", head_dim, "head dim (64 or 128)");
   app.add_option("--dtype", dtype_text, "bf16 or f16");
   app.add_option("--transport", transport_text, "nccl (rank r on GPU r) or device (virtual ranks on GPU 0)");
+  app.add_option("--kernels", kernels_text,
+                 "what each rank runs: auto (stages 10/11 on Hopper, else 08/09), tensor_core (08/09) or hopper (10/11)");
   app.add_option("--reps", reps, "timed repetitions per mode (median; more for short rings)");
   app.add_option("--warmup", warmup, "untimed repetitions before them");
   app.add_option("--budget-s", budget_s, "stop starting configurations that would end after this many seconds (0: no limit)");
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, s12::Split>> rings;  // (P, split) in sweep order
   Dtype t = Dtype::BF16;
   s12::TransportKind transport = s12::TransportKind::Nccl;
+  s12::RankKernels kernels = s12::RankKernels::Auto;
   try {  // every refusal before the GPU is touched: exit 2 and one line naming the value
     const auto refuse = [](const std::string& what) { throw std::invalid_argument("bench12: " + what); };
     t = fa::parse_dtype(dtype_text);
@@ -217,6 +221,11 @@ int main(int argc, char** argv) {
     if (transport_text != "nccl" && transport_text != "device")
       refuse("transport = " + transport_text + " is not nccl or device");
     transport = transport_text == "nccl" ? s12::TransportKind::Nccl : s12::TransportKind::Device;
+    if (kernels_text != "auto" && kernels_text != "tensor_core" && kernels_text != "hopper")
+      refuse("kernels = " + kernels_text + " is not auto, tensor_core or hopper");
+    kernels = kernels_text == "auto"          ? s12::RankKernels::Auto
+              : kernels_text == "tensor_core" ? s12::RankKernels::TensorCores
+                                              : s12::RankKernels::Hopper;
     const auto& dims = s12::gpu_head_dims();
     if (std::find(dims.begin(), dims.end(), head_dim) == dims.end())
       refuse("head dim = " + std::to_string(head_dim) + " is not supported (64 or 128)");
@@ -246,7 +255,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench12: no CUDA GPU is visible; nothing to measure\n");
       return 1;
     }
-    s12::ring_devices(transport, ranks.back());  // enough GPUs, NCCL built in
+    const bool hopper = s12::runs_hopper(kernels, s12::ring_devices(transport, ranks.back()));  // enough GPUs,
+    run.what = std::string(s12::kGpuStageName) + (hopper ? "[kernels=hopper]" : "");       // NCCL built in
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
@@ -288,7 +298,7 @@ int main(int argc, char** argv) {
       Problem q = p;
       q.causal = causal;
       const auto [kv_ring, dkv_ring] = transports_of(P);
-      const std::string why = self_check(q, {P, split, transport}, t, kv_ring, dkv_ring);
+      const std::string why = self_check(q, {P, split, transport, kernels}, t, kv_ring, dkv_ring);
       if (checked[{P, split}] != "FAIL") checked[{P, split}] = why.empty() ? "pass" : "FAIL";
       if (!why.empty()) ++failures;
       std::printf("check P=%d %s %s: %s\n", P, s12::split_name(split), causal ? "causal" : "full",
@@ -310,7 +320,7 @@ int main(int argc, char** argv) {
       for (const auto& [P, split] : rings) {
         Problem p = whole_p;
         p.causal = c == 1;
-        const s12::GpuConfig config{P, split, transport};
+        const s12::GpuConfig config{P, split, transport, kernels};
         const std::vector<Mode> modes =
             P == 1 ? std::vector<Mode>{Mode::Overlap} : std::vector<Mode>{Mode::Serial, Mode::Compute, Mode::Overlap};
         const double work = p.forward_flops() * (backward ? 3.5 : 1.0) * double(modes.size());

@@ -99,14 +99,18 @@ const OptionTable& gpu_options() {
       kGpuStageName,
       {ranks_option(), split_option(),
        Option::choice("transport", std::vector<std::string>{"device", "nccl"},
-                      "device (virtual ranks on this GPU, device copies) or nccl (rank r on GPU r)")},
+                      "device (virtual ranks on this GPU, device copies) or nccl (rank r on GPU r)"),
+       Option::choice("kernels", std::vector<std::string>{"auto", "tensor_core", "hopper"},
+                      "what each rank runs on its pairs: auto (stages 10 and 11 on Hopper GPUs, 08 and 09 elsewhere), "
+                      "tensor_core (08 and 09) or hopper (10 and 11)")},
       work_counters()};
   return table;
 }
 
 GpuConfig gpu_config() {
   const OptionTable& o = gpu_options();
-  return GpuConfig{int(o.get("ranks")), Split(o.get("split")), TransportKind(o.get("transport"))};
+  return GpuConfig{int(o.get("ranks")), Split(o.get("split")), TransportKind(o.get("transport")),
+                   RankKernels(o.get("kernels"))};
 }
 
 }  // namespace
@@ -115,7 +119,8 @@ StageInfo gpu_info() {
   StageInfo s;
   s.name = kGpuStageName;
   s.merges_partials = true;
-  s.idea = "ring attention on GPUs: stages 08 and 09 on each rank, K/V passed by device copies or NCCL";
+  s.idea = "ring attention on GPUs: stages 10 and 11 (Hopper) or 08 and 09 on each rank, K/V passed by device copies "
+           "or NCCL";
   s.is_gpu = true;
   s.dtypes = {Dtype::BF16, Dtype::F16};
   s.head_dims = gpu_head_dims();
@@ -136,6 +141,12 @@ StageInfo gpu_info() {
     auto rows = work_rows(p, gpu_config().ranks, gpu_config().split);
     rows.insert(rows.begin(), {"transport", std::string(transport_name(gpu_config().transport)) +
                                                 (nccl_built() ? "" : " (nccl: not built in)")});
+    // The kernels as the calling thread's GPU decides them (an NCCL ring asks every rank's GPU).
+    int device = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    const RankKernels k = gpu_config().kernels;
+    rows.insert(rows.begin() + 1, {"kernels", std::string(runs_hopper(k, {device}) ? "stages 10 and 11" : "stages 08 and 09") +
+                                                  " (" + kernels_name(k) + ")"});
     return rows;
   };
   gpu_options().attach(s);

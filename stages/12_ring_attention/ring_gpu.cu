@@ -1,11 +1,13 @@
-// Stage 12, the GPU ring: each rank keeps its shards in device memory and runs stage 08's
-// forward and stage 09's backward on its chunk pairs; this file adds what a rank needs around
-// them (the merge, fp32 sums, scatter and gather of slices) and the device-copy transport for
-// virtual ranks. The ring loop is ring_attention.cpp's; NCCL is nccl_ring.cpp.
+// Stage 12, the GPU ring: each rank keeps its shards in device memory and runs a forward and
+// a backward stage on its chunk pairs — stages 10 and 11 on Hopper, stages 08 and 09 elsewhere
+// (GpuConfig::kernels); this file adds what a rank needs around them (the merge, fp32 sums,
+// scatter and gather of slices) and the device-copy transport for virtual ranks. The ring
+// loop is ring_attention.cpp's; NCCL is nccl_ring.cpp.
 //
-// Precision: a pair's O comes out of stage 08 in fp16/bf16 and is merged into an fp32 O; a
-// pair's gradients come out of stage 09 in fp16/bf16 and are summed in fp32 (dK, dV travel
-// the ring in fp32). The final O, dQ, dK, dV are rounded to the input type once.
+// Precision: a pair's O comes out of the forward stage in fp16/bf16 and is merged into an
+// fp32 O; a pair's gradients come out of the backward stage in fp16/bf16 and are summed in
+// fp32 (dK, dV travel the ring in fp32). The final O, dQ, dK, dV are rounded to the input
+// type once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,6 +18,8 @@
 
 #include "cuda_utils.h"
 #include "dispatch.cuh"
+#include "hopper_bwd.h"
+#include "hopper_fwd.h"
 #include "merge.h"
 #include "ring_gpu.h"
 #include "tensor_core_bwd.h"
@@ -79,10 +83,11 @@ dim3 grid_for(int64_t n) { return dim3(unsigned(std::clamp<int64_t>((n + 255) / 
 // One rank of the GPU ring, on device `device`: its shards (ring_plan.h) in device memory.
 class GpuRank final : public Rank {
  public:
-  // `device`: this rank's GPU; `whole_device`: the GPU of the caller's whole tensors.
-  GpuRank(const Plan& plan, int rank, Dtype dtype, int device, int whole_device, bool backward)
+  // `device`: this rank's GPU; `whole_device`: the GPU of the caller's whole tensors;
+  // `hopper`: stages 10 and 11 on the pairs (else 08 and 09).
+  GpuRank(const Plan& plan, int rank, Dtype dtype, int device, int whole_device, bool backward, bool hopper)
       : plan_(plan), p_(plan.problem), rank_(rank), dtype_(dtype), es_(dtype_size(dtype)), device_(device),
-        whole_device_(whole_device) {
+        whole_device_(whole_device), hopper_(hopper) {
     FA_CUDA_CHECK(cudaSetDevice(device));
     FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const auto buffer = [&](int64_t elems, size_t bytes, const char* what) {
@@ -162,8 +167,12 @@ class GpuRank final : public Rank {
 
   void attend(int a, int kv, int owner, int c, const Problem& pair) override {
     const int64_t rows = int64_t(pair.batch) * pair.heads * pair.seq_q;
-    stage08::forward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), O_part_.get(),
-                     L_part_.as<float>(), stream_, stage08::Options{});
+    if (hopper_)
+      stage10::forward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), O_part_.get(),
+                       L_part_.as<float>(), stream_, stage10::Options{});
+    else
+      stage08::forward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), O_part_.get(),
+                       L_part_.as<float>(), stream_, stage08::Options{});
     with_dtype(dtype_, [&](auto tag) {
       using T = decltype(tag);
       merge_rows<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream_>>>(
@@ -182,12 +191,20 @@ class GpuRank final : public Rank {
   }
 
   void backward_pair(int a, int kv, int owner, int c, int dkv, const Problem& pair) override {
-    stage09::Options deterministic;
-    deterministic.deterministic = true;  // reproducible sums: the same bits on every transport
-    // The whole problem's O and L for these rows make the pair's gradients exact parts.
-    stage09::backward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), at(O_, a),
-                      L_.as<float>() + q_offset(a, 1), at(dO_, a), O_part_.get(), dK_part_.get(), dV_part_.get(),
-                      stream_, deterministic);
+    // The whole problem's O and L for these rows make the pair's gradients exact parts. The
+    // deterministic mode gives reproducible sums: the same bits on every transport.
+    const float* L = L_.as<float>() + q_offset(a, 1);
+    if (hopper_) {
+      stage11::Options deterministic;
+      deterministic.deterministic = true;
+      stage11::backward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), at(O_, a), L, at(dO_, a),
+                        O_part_.get(), dK_part_.get(), dV_part_.get(), stream_, deterministic);
+    } else {
+      stage09::Options deterministic;
+      deterministic.deterministic = true;
+      stage09::backward(pair, dtype_, at(Q_, a), K_of(kv, owner, c), V_of(kv, owner, c), at(O_, a), L, at(dO_, a),
+                        O_part_.get(), dK_part_.get(), dV_part_.get(), stream_, deterministic);
+    }
     float* dK_c = dkv_[dkv].as<float>() + plan_.kv_chunk_offset(owner, c);
     with_dtype(dtype_, [&](auto tag) {
       using T = decltype(tag);
@@ -280,6 +297,7 @@ class GpuRank final : public Rank {
   Dtype dtype_;
   size_t es_;
   int device_, whole_device_;
+  bool hopper_;
   cudaStream_t stream_ = nullptr;
   DeviceBuffer Q_, O_, dO_, L_, O_acc_;  // query shards (O_acc_: the fp32 O, or the dQ sums)
   DeviceBuffer kv_[2], dkv_[3];
@@ -288,7 +306,30 @@ class GpuRank final : public Rank {
 
 const char* transport_name(TransportKind t) { return t == TransportKind::Device ? "device" : "nccl"; }
 
-const std::vector<int>& gpu_head_dims() { return stage09::kHeadDims; }  // all of them stage 08's too
+const char* kernels_name(RankKernels k) {
+  return k == RankKernels::Auto ? "auto" : k == RankKernels::TensorCores ? "tensor_core" : "hopper";
+}
+
+bool runs_hopper(RankKernels k, const std::vector<int>& devices) {
+  if (k != RankKernels::Auto && k != RankKernels::TensorCores && k != RankKernels::Hopper)
+    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = " + std::to_string(int(k)) +
+                                " is not auto (0), tensor_core (1) or hopper (2)");
+  if (k == RankKernels::TensorCores) return false;
+  for (int device : devices) {
+    int major = 0, minor = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major == 9) continue;
+    if (k == RankKernels::Auto) return false;
+    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = hopper needs GPUs of compute capability " +
+                                "9.x (stages 10 and 11); GPU " + std::to_string(device) + " is " +
+                                std::to_string(major) + "." + std::to_string(minor));
+  }
+  return true;
+}
+
+// Stage 08 has more head dims than 09; stage 11's are 09's (test_stage12_gpu checks it).
+const std::vector<int>& gpu_head_dims() { return stage09::kHeadDims; }
 
 namespace {
 
@@ -324,11 +365,13 @@ void require_tensor(const char* name, const void* ptr, int64_t elems, size_t ali
 GpuRing::GpuRing(const Problem& p, const GpuConfig& c, Dtype t, Pass pass, std::shared_ptr<Ring> kv_ring,
                  std::shared_ptr<Ring> dkv_ring)
     : plan_(checked_plan(p, c, t)), dtype_(t), pass_(pass), devices_(ring_devices(c.transport, plan_.ranks)),
-      kv_ring_(std::move(kv_ring)), dkv_ring_(std::move(dkv_ring)), sums_(size_t(plan_.ranks), 0) {
+      hopper_(runs_hopper(c.kernels, devices_)), kv_ring_(std::move(kv_ring)), dkv_ring_(std::move(dkv_ring)),
+      sums_(size_t(plan_.ranks), 0) {
   const DeviceGuard guard;
   whole_device_ = guard.device;
   for (int r = 0; r < plan_.ranks; ++r)
-    ranks_.push_back(std::make_unique<GpuRank>(plan_, r, t, devices_[size_t(r)], whole_device_, pass == Pass::Backward));
+    ranks_.push_back(std::make_unique<GpuRank>(plan_, r, t, devices_[size_t(r)], whole_device_,
+                                               pass == Pass::Backward, hopper_));
   if (!kv_ring_) kv_ring_ = make_ring(c.transport, devices_);
   if (pass == Pass::Backward && !dkv_ring_) dkv_ring_ = make_ring(c.transport, devices_);
 }

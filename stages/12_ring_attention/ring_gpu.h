@@ -25,14 +25,31 @@ enum class TransportKind { Device = 0, Nccl = 1 };
 /// "device", "nccl".
 const char* transport_name(TransportKind t);
 
-/// How a GPU ring call is cut and carried.
+/// The kernels each rank runs on its chunk pairs. A rank calls a stage's entry points like
+/// any other caller, so the ring's arithmetic is the fastest the rank's GPU has.
+///  - Auto: stages 10 and 11 when every GPU of the ring has compute capability 9.x (Hopper),
+///    stages 08 and 09 otherwise.
+///  - TensorCores: stages 08 and 09 (mma.sync; compute capability 8.0 and newer).
+///  - Hopper: stages 10 and 11 (TMA, wgmma, warp specialization); refused on other GPUs.
+enum class RankKernels { Auto = 0, TensorCores = 1, Hopper = 2 };
+/// "auto", "tensor_core", "hopper" (the `kernels` option's values).
+const char* kernels_name(RankKernels k);
+
+/// How a GPU ring call is cut and carried, and what its ranks compute with.
 struct GpuConfig {
   int ranks = 0;  ///< P; 0: the default (ranks_for)
   Split split = Split::Zigzag;
   TransportKind transport = TransportKind::Device;
+  RankKernels kernels = RankKernels::Auto;
 };
 
-/// Head dims with both a forward (stage 08) and a backward (stage 09) kernel: stage 09's kHeadDims.
+/// True when a ring over GPUs `devices` runs stages 10 and 11 for `k` (Auto: every one of
+/// them has compute capability 9.x). Throws std::invalid_argument for Hopper when one has not,
+/// naming it, and for a value that is not a RankKernels.
+bool runs_hopper(RankKernels k, const std::vector<int>& devices);
+
+/// Head dims with a forward and a backward kernel in both kernel sets: stage 09's kHeadDims,
+/// which are stage 11's (a test checks it).
 const std::vector<int>& gpu_head_dims();
 
 /// True when this tree was configured with NCCL (the Nccl transport is built in).
@@ -47,8 +64,8 @@ bool nccl_built();
 void forward_gpu(const Problem& p, const GpuConfig& c, Dtype dtype, const void* Q, const void* K, const void* V,
                  void* O, float* L, cudaStream_t stream, Work* work = nullptr);
 /// The backward on device buffers: O and L are the forward's; dQ, dK, dV are overwritten.
-/// Each pair runs stage 09 in its deterministic mode, so a ring's result is bitwise the same
-/// from run to run and on any transport.
+/// Each pair runs stage 09's or stage 11's deterministic mode, so a ring's result is bitwise
+/// the same from run to run and on any transport.
 void backward_gpu(const Problem& p, const GpuConfig& c, Dtype dtype, const void* Q, const void* K, const void* V,
                   const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV, cudaStream_t stream,
                   Work* work = nullptr);
@@ -98,6 +115,7 @@ class GpuRing {
   Pass pass() const { return pass_; }
   int ranks() const { return plan_.ranks; }
   int device(int rank) const { return devices_[size_t(rank)]; }
+  bool hopper() const { return hopper_; }  ///< the ranks run stages 10 and 11 (else 08 and 09)
   cudaStream_t stream(int rank) const;
   Transport& kv_endpoint(int rank) { return kv_ring_->endpoint(rank); }
   Transport& dkv_endpoint(int rank) { return dkv_ring_->endpoint(rank); }
@@ -123,14 +141,15 @@ class GpuRing {
   Pass pass_;
   int whole_device_ = 0;  // the GPU of the whole tensors: the constructing thread's
   std::vector<int> devices_;
+  bool hopper_;  // runs_hopper(config's kernels, devices_)
   std::vector<std::unique_ptr<GpuRank>> ranks_;
   std::shared_ptr<Ring> kv_ring_, dkv_ring_;
   std::vector<int> sums_;  // [rank] the dkv buffer that ring_backward left the shard's sums in
 };
 
 /// The GPU ring for the driver, the tests and the C ABI (kGpuStageName). Options
-/// --ranks, --split, --transport (set_option "ranks", "split", "transport"); the counters of
-/// the CPU ring's info().
+/// --ranks, --split, --transport, --kernels (set_option "ranks", "split", "transport",
+/// "kernels"); the counters of the CPU ring's info().
 StageInfo gpu_info();
 
 }  // namespace fa::stage12
