@@ -106,9 +106,9 @@ class CpuRank final : public Rank {
     // LAB BEGIN: merge a partial result — hint: per row i: w = merge_weights(L_a[i], L_part_[i]); O_a row ← w.w_acc·O_a row + w.w_part·O_part_ row; L_a[i] ← w.L
     for (int64_t i = 0; i < rows; ++i) {  // one (batch, head, row) at a time
       const MergeWeights w = merge_weights(L_a[i], L_part_[size_t(i)]);
-      for (int64_t x = 0; x < d; ++x)  // O = e^{L_a − L}·O_a + e^{L_ac − L}·O_ac
+      for (int64_t x = 0; x < d; ++x)  // O = e^{L_a − L}·O_a + e^{L_part − L}·O_part
         O_a[i * d + x] = w.w_acc * O_a[i * d + x] + w.w_part * O_part_[size_t(i * d + x)];
-      L_a[i] = w.L;  // L = log(e^{L_a} + e^{L_ac})
+      L_a[i] = w.L;  // L = log(e^{L_a} + e^{L_part})
     }
     // LAB END
     //! [cpu merge]
