@@ -139,16 +139,24 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, tokens, targets=None):
+    def forward(self, tokens, targets=None, positions=None, previous=None):
         """tokens [batch, T] -> logits [batch, T, vocab] and, with targets [batch, T], the mean
-        cross-entropy over the positions whose target is not −1."""
+        cross-entropy over the positions whose target is not −1.
+
+        A context-parallel rank (train_cp.py) holds a shard of the sequence, not its first T
+        tokens: `positions` [T] are its tokens' places in the whole sequence (for the rotary
+        angles; default 0 … T−1) and `previous` [batch, T] the token before each one (default:
+        taken from `tokens`, which is right only for a whole sequence)."""
         x = self.embed(tokens)                             # [batch, T, d_model]
         if self.embed_previous is not None:
             # Position t also sees token t−1 (position 0 sees token 0): the job of the first
             # layer of an induction head, given here so that one attention layer can recall.
-            x = x + self.embed_previous(F.pad(tokens[:, :-1], (1, 0)))
+            if previous is None:
+                previous = F.pad(tokens[:, :-1], (1, 0))
+            x = x + self.embed_previous(previous)
+        cos, sin = (self.cos, self.sin) if positions is None else (self.cos[positions], self.sin[positions])
         for block in self.blocks:
-            x = block(x, self.cos, self.sin)
+            x = block(x, cos, sin)
         logits = F.linear(self.ln_f(x), self.embed.weight)  # output layer tied to the embedding
         if targets is None:
             return logits, None
