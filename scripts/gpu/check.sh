@@ -21,6 +21,9 @@
 # and 11, its racecheck and initcheck jobs ran out of their time (224 s).
 # No --part runs everything in one go (within FA_BUDGET_S: on one H100 the sanitizers then
 # run out of time).
+# On a machine with several GPUs, scripts/gpu/stage12_scaling.sh adds what one GPU cannot
+# show: stage 12's ring over NCCL, fa_attention.distributed under NCCL (torchrun), and the
+# scaling sweep.
 #
 # Needs the header-only dependencies in .deps/usr (scripts/setup/vendor_deps.sh makes it; the
 # GPU machine has no network). Environment:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage 12 on a machine with several GPUs (issue 21), in one call: build bench12 and the NCCL
 # test, run the NCCL test (the ring over P = 2 and all GPUs equal to the virtual ring, bit for
-# bit, and to the reference), then time the plain and zigzag rings over P = 1, 2, 4, 8 (as many
+# bit, and to the reference) and fa_attention.distributed's checks under NCCL (torchrun, one
+# process per GPU: scripts/bench/bench_distributed.py --check-only), then time the plain and zigzag rings over P = 1, 2, 4, 8 (as many
 # as there are GPUs) for N = 32k … 256k, causal and not, forward and backward, each with
 # overlap, with its exchanges serialised, and with no exchange (bench12). The same grid gives
 # strong scaling (fixed N) and weak scaling (fixed N/P). Writes into OUT:
@@ -37,6 +38,17 @@ echo "stage12: built at $((SECONDS - start)) s"
 
 timeout 150 $BUILD/tests/test_stage12_nccl 2>&1 | tail -30 | tee "$OUT/nccl_test.log"
 echo "stage12: NCCL test exit ${PIPESTATUS[0]} (77: skipped) at $((SECONDS - start)) s"
+
+# fa_attention.distributed under NCCL, one process per GPU: the checks of bench_distributed.py
+# (ring and Ulysses, both splits, causal and not, against float64; what tests/test_distributed.py
+# checks on gloo in CI), no timing.
+if ((gpus >= 2)); then
+  cmake --build $BUILD -j "$(nproc)" --target fa_c fa_torch >>"$OUT/build.log" 2>&1 &&
+    FA_LIB=$BUILD/stages/libfa_c.so FA_TORCH_LIB=$BUILD/python/libfa_torch.so timeout 150 \
+      torchrun --nproc-per-node "$gpus" scripts/bench/bench_distributed.py --check-only \
+      --out "$OUT/distributed.csv" 2>&1 | tail -5 | tee -a "$OUT/nccl_test.log"
+  echo "stage12: torch.distributed checks exit ${PIPESTATUS[0]} at $((SECONDS - start)) s"
+fi
 
 ranks=1
 for P in 2 4 8; do ((P <= gpus)) && ranks+=",$P"; done
