@@ -25,8 +25,9 @@ Two strategies, both differentiable, both calling the project's op on each block
                      Needs h and hkv divisible by P.
 
 Backends: NCCL on CUDA tensors (fp16, bf16, fp32 as the stage allows), gloo on CPU tensors
-(float32, a CPU stage such as "06"). `stage` None means "06" on the CPU, "09" on CUDA (08's
-forward with 09's backward; "11" on Hopper). Bad input raises ValueError naming the value and
+(float32, a CPU stage such as "06"). `stage` None means the fastest stage of the device: "11"
+on Hopper (10's forward with 11's backward), "09" on other GPUs (08's forward with 09's
+backward), "06" on the CPU. Bad input raises ValueError naming the value and
 what is allowed. With check=True (the default) the ranks also compare their shapes with each
 other first: one small all_gather and a wait for its result, worth it because ranks that
 disagree would otherwise wait on each other until the process group's timeout.
@@ -150,7 +151,12 @@ def _check_same_on_every_rank(q, k, group, split, causal, who):
 
 
 def _default_stage(q, stage):
-    return stage if stage is not None else ("09" if q.is_cuda else "06")
+    """The fastest stage for q's device: 11 (10's forward) on Hopper, 09 on other GPUs, 06 on the CPU."""
+    if stage is not None:
+        return stage
+    if not q.is_cuda:
+        return "06"
+    return "11" if torch.cuda.get_device_capability(q.device)[0] == 9 else "09"
 
 
 # ---- the ring: a transport, the merge, the blocks ----
