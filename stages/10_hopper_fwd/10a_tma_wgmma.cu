@@ -16,7 +16,8 @@
 //   for the n-th tile j (buffer s = n % 2):
 //     block barrier (every warp is done with the other buffer);  thread 0: TMA of the next tile into it
 //     wait kv_full[s] (parity (n / 2) & 1)
-//     S = Q_i·K_jᵀ (wgmma from shared memory, wait);  mask on-band tiles
+//     S = Q_i·K_jᵀ (wgmma from shared memory, wait);  mask on-band tiles (those that cross
+//     the causal diagonal or the end of the keys for some row of the block)
 //     online softmax → P, α;  O ← α·O;  O += P·V_j (wgmma, P from registers, wait)
 //   O ← O / l;  L = scale·m + ln l;  O → shared → global;  L → global
 //
