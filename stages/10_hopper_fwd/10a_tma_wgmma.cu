@@ -9,8 +9,8 @@
 // wgmma: one warpgroup (4 warps, 128 threads) issues 64 × N × 16 products that read K and
 // V (and Q) from shared memory through descriptors, with no ldmatrix; S stays in registers
 // as fp32 and becomes P, the A operand of P·V, without leaving them. One warpgroup owns the
-// block's B_r = 64 rows; K/V tiles go into two buffers so tile j+1 is in flight while tile
-// j is computed.
+// block's B_r = 64 rows; K/V tiles go into two buffers so the next tile, j − 1 (tiles run
+// last to first), is in flight while tile j is computed.
 //
 //   thread 0: load Q_i → q_full;  load K, V of the first tile → kv_full[0]
 //   for the n-th tile j (buffer s = n % 2):
