@@ -39,8 +39,9 @@ FA_MERGE_HOST_DEVICE inline MergeWeights merge_weights(float L_acc, float L_part
   if (L_acc == -inf) return {L_part, 0.0f, 1.0f};
   // With t = e^{L_small − L_big} ≤ 1 (nothing overflows):
   //   L = L_big + log(1 + t),  w_big = 1 / (1 + t),  w_small = t / (1 + t).
-  // These are e^{L_big − L} and e^{L_small − L}, computed without the rounded L: at L ≈ 500 one
-  // rounding of L is 3·10⁻⁵, and e^{L_x − L} would carry it into every element of O.
+  // These are e^{L_big − L} and e^{L_small − L}, computed without the rounded L: at L ≈ 560
+  // (fp32 ulp 6·10⁻⁵) one rounding of L is up to 3·10⁻⁵, and e^{L_x − L} would carry it into
+  // every element of O.
   // A NaN on either side fails the comparison and makes t, L and both weights NaN.
   const bool acc_bigger = L_acc >= L_part;
   const float t = acc_bigger ? expf(L_part - L_acc) : expf(L_acc - L_part);

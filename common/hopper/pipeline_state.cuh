@@ -21,7 +21,7 @@ namespace fa::hopper {
 template <int kStages>
 struct PipelineState {
   int index;       ///< the buffer: n % kStages
-  uint32_t phase;  ///< the parity of the phase to wait for: (n / kStages) & 1
+  uint32_t phase;  ///< the parity of the phase to wait for, (n / kStages) & 1, not the phase itself
 
   /// The state of use n (n ≥ 0), computed directly: a loop that starts anywhere (a
   /// persistent block continuing the ring from its previous query tile) needs no history.

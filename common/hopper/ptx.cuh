@@ -9,10 +9,11 @@
 /// (threads calling arrive) and transaction bytes (the copy engine reporting bytes landed).
 /// A phase completes when both reach zero; the barrier then flips its phase parity 0 ↔ 1
 /// and re-arms with the same arrival count. A waiter names the parity of the phase it waits
-/// for, so a loop over a ring of S buffers waits for parity (iteration / S) & 1:
+/// for, so a loop over a ring of kStages buffers waits for parity (iteration / kStages) & 1:
 ///
-///     phase:     0        1        0        1      ...
-///     fills:  tile 0   tile S  tile 2S  tile 3S   (buffer 0 of the ring)
+///     fills:  tile 0   tile kStages   tile 2·kStages   tile 3·kStages   (buffer 0 of the ring)
+///     phase:     0          1               2                3          ...
+///     parity:    0          1               0                1
 ///
 /// Waiting for the parity of the phase *before* the current one returns at once; that is
 /// how a producer passes its first wait on an "empty" barrier nobody has arrived on yet.

@@ -14,8 +14,8 @@ namespace fa::stage10 {
 /// 192 rows at d = 64: kConsumers), B_c keys per K/V tile, kStages K/V
 /// buffers in the ring. Shared memory at d = 128: Q 32 KB + 2 × (K 32 KB + V 32 KB) = 160 KB
 /// of the 227 KB a block may have. At d = 256, B_c = 80: Q 64 KB + 2 × (K 40 KB + V 40 KB) =
-/// 224 KB, the most that fits (B_c = 64 left 32 KB unused and measured 5–9% slower: the
-/// notes, "The tile at d = 256").
+/// 224 KB, the most that fits (B_c = 64 left 32 KB unused and measured 4–11% slower:
+/// docs/results/h200_stage10_d256_tile.md and the notes, "The tile at d = 256").
 template <int d>
 struct Tile {
   static_assert(d == 64 || d == 128 || d == 256, "stage 10 is built for d = 64, 128, 256");

@@ -6,7 +6,8 @@
 // wgmma_ss_tt: wgmma_ss with both operands MN-major (imm-trans-a = imm-trans-b = 1):
 //           A is read as the transpose of what lies in shared memory (16-bit types only).
 // `accumulate` = false writes D = A·B (the scale-d predicate), true adds to D.
-// The two trailing 1s are imm-scale-a/b (no negation). Include through wgmma.cuh.
+// The two trailing 1s are imm-scale-a/b (no negation). imm-trans-a/b, scale-d and
+// imm-scale-a/b are the names of wgmma's operands in the PTX ISA. Include through wgmma.cuh.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -9,14 +9,15 @@
 // wgmma: one warpgroup (4 warps, 128 threads) issues 64 × N × 16 products that read K and
 // V (and Q) from shared memory through descriptors, with no ldmatrix; S stays in registers
 // as fp32 and becomes P, the A operand of P·V, without leaving them. One warpgroup owns the
-// block's B_r = 64 rows; K/V tiles go into two buffers so tile j+1 is in flight while tile
-// j is computed.
+// block's B_r = 64 rows; K/V tiles go into two buffers so the next tile, j − 1 (tiles run
+// last to first), is in flight while tile j is computed.
 //
 //   thread 0: load Q_i → q_full;  load K, V of the first tile → kv_full[0]
 //   for the n-th tile j (buffer s = n % 2):
 //     block barrier (every warp is done with the other buffer);  thread 0: TMA of the next tile into it
 //     wait kv_full[s] (parity (n / 2) & 1)
-//     S = Q_i·K_jᵀ (wgmma from shared memory, wait);  mask on-band tiles
+//     S = Q_i·K_jᵀ (wgmma from shared memory, wait);  mask on-band tiles (those that cross
+//     the causal diagonal or the end of the keys for some row of the block)
 //     online softmax → P, α;  O ← α·O;  O += P·V_j (wgmma, P from registers, wait)
 //   O ← O / l;  L = scale·m + ln l;  O → shared → global;  L → global
 //

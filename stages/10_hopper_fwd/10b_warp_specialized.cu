@@ -1,4 +1,5 @@
-// Stage 10, step 10b — warp specialization: a producer warp feeds a ring of K/V buffers,
+// Stage 10, step 10b — warp specialization: a producer warpgroup (one thread of it issues the
+// copies) feeds a ring of K/V buffers,
 // two consumer warpgroups compute.
 //
 // What changed from 10a, and why: in 10a the same warps issued the TMA copies and did the

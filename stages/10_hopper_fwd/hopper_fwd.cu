@@ -5,7 +5,8 @@
 // query tiles from a scheduler (steps 10e and 10f; 10f is the final design).
 //
 // What changed from stage 08, and why: stage 08 is FlashAttention-2 on mma.sync, and on an
-// H200 mma.sync plateaus near half the tensor cores' rate: each warp issues its own small
+// H200 it plateaus near a third of the tensor cores' peak (about 40% of cuBLAS's bf16
+// matrix product; stage 08's notes have the table): each warp issues its own small
 // MMAs, loads its operands into registers with ldmatrix, and its exponentials wait for its
 // own MMAs. Hopper adds units that take that work off the warps: the copy engine (TMA)
 // moves whole tiles into swizzled shared memory and reports on an mbarrier; wgmma lets a
@@ -36,12 +37,13 @@
 //       wait q_empty; tile index and TMA Q_i → q_full;  for j = last … 0: wait k_empty[s]; TMA K_j → k_full[s];
 //       wait v_empty[s]; TMA V_j → v_full[s]   (s and its phase count on across query tiles)
 //   consumer c (64 rows), for each of the block's query tiles: O = 0, m = −inf, l = 0; wait q_full
-//     for each key tile j ("prev" = the tile before it):
+//     for each key tile j ("prev" = the tile visited before it, j + 1: tiles run last to first):
 //       wait for my turn (ping-pong barrier)                                   ┐ tensor cores:
 //       issue S_j = Q_c·K_jᵀ;  issue O += P_prev·V_prev;  hand the turn over  ┘ mine
 //       wait for S_j only;  release K_j;  mask on-band tiles
-//       m' = max(m, rowmax S_j); P_j = e^{scale(S_j − m')}; α = e^{scale(m − m')}   ← under P·V
-//       wait for P_prev·V_prev;  release V_prev;  O ← α·O;  l ← α·l + rowsum P_j
+//       m' = max(m, rowmax S_j); P_j = e^{scale(S_j − m')}; α = e^{scale(m − m')};
+//       l ← α·l + rowsum P_j                                                     ← under P·V
+//       wait for P_prev·V_prev;  release V_prev;  O ← α·O
 //     O += P_last·V_last;  O ← O / l;  L = scale·m + ln l;  O → shared → global;  release Q_i
 //
 // Layout: Q, O [batch][heads][N_q][d]; K, V [batch][kv_heads][N_k][d]; L [batch][heads][N_q]
@@ -143,6 +145,8 @@ __global__ void __launch_bounds__(RolesOf<d>::kThreads, 1) fwd_persistent(const 
       pack_p<B_c, Elem>(s_acc, p_frag);
     }
     for (int n = 1; n < count; ++n) {  // every later key tile: S_j and P_prev·V_prev in flight
+      // g: the ring's use count over all of this block's query tiles (not the lane group of the
+      // fragment layout); prev: the buffer of the tile visited before, j + 1.
       const int j = count - 1 - n, g = ring + n, s = g % kStages, prev = (g - 1) % kStages;
       float s_acc[B_c / 2];  // S_j = Q_c·K_jᵀ, [64, B_c]
       mbarrier_wait(&sm.k_full[s], PipelineState<kStages>::at(g).phase);

@@ -22,9 +22,9 @@ inline constexpr const char* kStageName = "10_hopper_fwd";
 /// The steps of the stage, in reading order; `Auto` runs the final design (10f), or 10a at
 /// d = 64 with at most 1024 keys (launch.cpp says why).
 ///   10a  TMA loads on mbarriers + wgmma, one warpgroup, no specialization
-///   10b  warp specialization: a producer warp, two consumer warpgroups, setmaxnreg
+///   10b  warp specialization: a producer warpgroup (one thread issues), two consumer warpgroups, setmaxnreg
 ///   10c  ping-pong: named barriers let one warpgroup's softmax run under the other's GEMMs
-///   10d  intra-warpgroup overlap: the softmax of S_j runs under P_{j−1}·V_{j−1}
+///   10d  intra-warpgroup overlap: the softmax of S_j runs under P_{j+1}·V_{j+1} (tiles run last to first)
 ///   10e  persistent: one block per SM loops over a list of query tiles, fixed in advance
 ///   10f  dynamic scheduling: a block that finishes early takes the next tile (a global counter)
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4, E = 5, F = 6 };

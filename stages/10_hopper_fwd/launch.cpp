@@ -29,8 +29,9 @@ void check_request(const Problem& p, Dtype dtype) {
 
 /// What `auto` runs: 10f, except at d = 64 with at most 1024 keys, where step 10a is faster
 /// (a query tile there visits at most 8 key tiles, so the pipeline of a specialised block
-/// barely fills, while 10a runs three small blocks per SM; docs/results/h100_hopper_10f.csv:
-/// 433–438 against 396–402 TFLOP/s without a mask, 329–333 against 296–297 with it).
+/// barely fills, while 10a runs three small blocks per SM; docs/results/h100_hopper_10f.csv,
+/// 10a against 10f at N = 1024: 434–438 against 398–402 TFLOP/s without a mask, 329–333
+/// against 296–297 with it, 8–12% faster).
 Step resolve(Step step, const Problem& p) {
   if (step != Step::Auto) return step;
   return p.head_dim == 64 && p.seq_k <= 1024 ? Step::A : Step::F;
@@ -65,8 +66,10 @@ dim3 grid_for(const Problem& p, const StepKernel& k) {
 
 /// Step 10f's sections under the causal mask: the largest power of two of (batch, head)
 /// pairs whose K and V fit in the L2 together (heads that share a KV head count their share),
-/// at least one. A power of two: 3, 6 and 12 heads measured 5–10% slower than 4, 8 and 16
-/// on an H100 (docs/results/h100_stage10_schedule.md); FlashAttention-3 rounds the same way.
+/// at least one. A power of two: under the causal mask, the other whole-head counts (3, 6 and
+/// 12 heads among them) measured 3–11% slower than the powers of two at the same points on an
+/// H100 (docs/results/h100_stage10_schedule.md, table 2, "25 MB" against "32 MB");
+/// FlashAttention-3 rounds the same way.
 int heads_per_section(const Problem& p) {
   int device = 0, l2_bytes = 0;
   FA_CUDA_CHECK(cudaGetDevice(&device));

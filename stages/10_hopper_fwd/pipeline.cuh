@@ -1,6 +1,9 @@
 /// \file pipeline.cuh
-/// \brief Warp specialization's shared parts (steps 10b–10d): the block's shared-memory
-/// plan, the K/V ring with its full/empty barriers, and the producer warp's loop.
+/// \brief Warp specialization's shared parts (steps 10b–10f): the block's shared-memory
+/// plan, the K/V ring with its full/empty barriers, the producer's loop (one thread of the
+/// producer warpgroup), and the persistent kernels' pieces (two Q_i buffers with q_empty and
+/// the tile index, load_q into buffer b, load_kv continuing the ring, the orders AllHeads and
+/// HeadSections).
 ///
 /// The ring: kStages buffers, each holding one K tile and one V tile. Per buffer s:
 ///   k_full[s], v_full[s]    complete when TMA has landed the tile (1 arrival: the
@@ -51,7 +54,7 @@ struct Roles {
 };
 /// Steps 10b and 10c: two consumers, B_r = 128.
 using TwoConsumers = Roles<2>;
-/// Steps 10d and 10e at head dim d: two consumers, three at d = 64 (traits.h says why).
+/// Steps 10d, 10e and 10f at head dim d: two consumers, three at d = 64 (traits.h says why).
 template <int d>
 using RolesOf = Roles<Tile<d>::kConsumers>;
 /// Q_i buffers of the persistent kernel: two where they fit in shared memory (not at d = 256).

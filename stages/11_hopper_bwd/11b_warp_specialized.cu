@@ -1,5 +1,5 @@
-// Stage 11, step 11b — warp specialization: a producer warp streams
-// the query tiles, two consumer warpgroups share a key tile of B_c = 128.
+// Stage 11, step 11b — warp specialization: a producer warpgroup (one thread of it issues
+// the copies) streams the query tiles, two consumer warpgroups share a key tile of B_c = 128.
 //
 // What changed from 11a, and why: in 11a the warpgroup that computed also issued the
 // copies, one step ahead, and 64 keys gave each Q_i/dO_i tile little reuse: every query
@@ -11,9 +11,10 @@
 // the block's whole life. The consumers meet once per step: dQ_i = dS·K_j needs the dSᵀ
 // rows of both, so each writes its half to shared memory and a named barrier joins them;
 // then each computes one [64, 64] block of dQ_i (at d = 128 the two column halves, at
-// d = 64 with B_r = 128 the two row halves) and adds it to dQ_accum. dSᵀ has two buffers,
-// so the barrier of step n + 1 is the one that says both warpgroups are done reading step
-// n − 1's: one barrier per step.
+// d = 64 with B_r = 128 the two row halves) and adds it to dQ_accum. dSᵀ has two buffers:
+// a consumer reaches the barrier of step n only after its step n − 1 waited for its dQ
+// product, so that barrier proves both warpgroups are done reading step n − 1's buffer, and
+// step n + 1 may overwrite it with no barrier of its own: one barrier per step.
 //
 //   producer (1 thread):  load K_j, V_j; for each step n: wait empty[s]; load Q_i, dO_i, L2_i, D_i
 //   consumer c (keys 64c … 64c + 63 of the tile):  wait K_j, V_j

@@ -9,7 +9,7 @@
 
 namespace fa::stage11 {
 
-/// Tiles of the final design (step 11b) at head dim d. A block owns B_c = 128 keys, 64 per
+/// Tiles of steps 11b–11d (11a: 64 × 64) at head dim d. A block owns B_c = 128 keys, 64 per
 /// consumer warpgroup, and streams the query tiles past them B_r rows at a time. B_r is
 /// chosen so that each warpgroup's dQ share is one [64, 64] block: at d = 128 the two
 /// warpgroups split dQ_i [64, 128] by columns, at d = 64 they split dQ_i [128, 64] by rows.

@@ -6,8 +6,9 @@
 ///
 /// Inside a block, row r keeps its 8 groups of 8 columns in the order g ^ (r % 8): a warp's
 /// stores of a fragment (8 rows, the same 8 columns each) then fall in 8 different 32-byte
-/// groups, two wavefronts for 256 bytes, as for a padded row, without leaving gaps that a
-/// bulk copy would have to skip.
+/// groups, two wavefronts for 256 bytes (a wavefront is one pass through the 32 banks of
+/// 4 bytes, 128 bytes at most, so two is the minimum), as for a padded row, without leaving
+/// gaps that a bulk copy would have to skip.
 #pragma once
 
 #include <cstdint>

@@ -11,8 +11,9 @@
 //   P = 2^{scale_log2·S − L2}, dS = P∘(dP − D)   (row values, from registers)
 //   dQ_i += dS·K_j                 (dS from registers, K_j MN-major: stage 10's P·V)
 //
-// It repeats three of the five products (S, dP and their exponentials), so the mode costs
-// time; what it buys is bitwise-reproducible dQ.
+// It computes three of the five products, two of them (S and dP, with their exponentials)
+// a second time: 4 + 3 = 7 products against 5, so the mode costs time; what it buys is
+// bitwise-reproducible dQ.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -21,9 +21,10 @@ inline constexpr const char* kStageName = "11_hopper_bwd";
 
 /// The steps of the stage, in reading order; `Auto` runs the final design (11d).
 ///   11a  TMA loads on mbarriers + wgmma, one warpgroup, B_c = 64 keys per block
-///   11b  warp specialization: a producer warp, two consumer warpgroups, B_c = 128
+///   11b  warp specialization: a producer warpgroup (one thread issues), two consumer warpgroups, B_c = 128
 ///   11c  overlap: exponentials under the dPᵀ product, dQ atomics under dV and dK
 ///   11d  dQ by a TMA reduction: blocks staged in shared memory, added in L2 by a writer warp
+///        (warp 1 of the producer warpgroup); with --deterministic, built without dQ for dq_pass.cu
 enum class Step { Auto = 0, A = 1, B = 2, C = 3, D = 4 };
 const std::vector<std::string>& step_names();  ///< "auto", "11a", "11b", "11c", "11d": the option's names
 

@@ -19,7 +19,7 @@ const OptionTable& options() {
       kStageName,
       {Option::choice("step", {"auto", "11a", "11b", "11c", "11d"},
                       "which step of the stage runs: auto (the final design, 11d), 11a (TMA + wgmma, one "
-                      "warpgroup), 11b (warp specialization: a producer warp, two consumer warpgroups), 11c "
+                      "warpgroup), 11b (warp specialization: a producer warpgroup, two consumer warpgroups), 11c "
                       "(exponentials and dQ atomics overlapped with the products), 11d (dQ added by TMA bulk "
                       "reductions from shared memory)"),
        Option::flag_option("deterministic",
