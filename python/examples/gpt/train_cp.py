@@ -19,7 +19,9 @@ number a single process computes from the whole sequence up to the order of the 
 with P = 1 this script is plain training, which is what a context-parallel run is held to
 (tests/test_gpt_cp.py on CPU processes; on GPUs the two loss curves side by side).
 
-Writes OUT/cp_P{P}_N{seq}.csv (rank 0): step, seq, loss, val_loss, val_accuracy, tokens_per_s.
+Writes OUT/cp_P{P}_N{seq}.csv (rank 0): device, commit ($FA_COMMIT), ranks, step, seq, loss, val_loss,
+val_accuracy, tokens_per_s (validation every --eval-every steps and at the last; tokens/s from
+step 10 on). scripts/results/cp_table.py makes the table of the notes from these files.
 """
 import argparse
 import csv
@@ -209,11 +211,12 @@ def main():
         name = out / f"cp_P{P}_N{args.seq}.csv"
         device_name = torch.cuda.get_device_name() if cuda else "cpu"
         with name.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["device", "ranks", "step", "seq", "loss", "val_loss", "val_accuracy",
-                                              "tokens_per_s"])
+            w = csv.DictWriter(f, fieldnames=["device", "commit", "ranks", "step", "seq", "loss", "val_loss",
+                                              "val_accuracy", "tokens_per_s"])
             w.writeheader()
+            commit = os.environ.get("FA_COMMIT", "unknown")
             for r in rows:
-                w.writerow(dict(device=device_name, ranks=P, **r))
+                w.writerow(dict(device=device_name, commit=commit, ranks=P, **r))
         timed = [r["tokens_per_s"] for r in rows if r["tokens_per_s"] and r["seq"] == args.seq]
         if timed:
             log(f"train_cp: {sorted(timed)[len(timed) // 2]:,.0f} tokens/s at N = {args.seq} (median); wrote {name}")
