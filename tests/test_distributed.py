@@ -9,7 +9,8 @@ the op called once on the whole tensors in one process (float32), plus 4 ulps of
 value. Cases: ring and Ulysses; causal and not; the zigzag and plain splits; GQA (h = 2P,
 hkv = P); odd chunk lengths (3 rows); keys longer than queries. Then a ring of one rank (a
 group of rank 0 alone) must be the op bit for bit, and every refusal must come as a ValueError
-that names the value.
+that names the value. Last, a ring whose rank 1 dies before it starts: rank 0 must raise (on
+gloo the closed peer, at the latest the group's timeout), not wait forever.
 
 The comparison catches a wrong ring or a wrong reorder. Planted by hand in distributed.py, one
 at a time, each of these failed it (errors of O or of a gradient of 1 to 100 against the
@@ -200,6 +201,51 @@ def worker(rank, world, store_path, results):
     results.put((rank, c.count, c.failed))
 
 
+DEAD_RANK_TIMEOUT_S = 10
+
+
+def dead_rank_worker(rank, world, store_path, results):
+    """Rank 1 leaves before the ring starts; rank 0 must get an error, not wait forever."""
+    import time
+    torch.set_num_threads(1)
+    from fa_attention.distributed import ring_attention
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=DEAD_RANK_TIMEOUT_S))
+    if rank == 1:
+        os._exit(0)  # a rank that dies: no clean-up, its sockets simply close
+    x = torch.randn(1, 2, 8, D)
+    start = time.monotonic()
+    try:
+        ring_attention(x, x, x, causal=True, check=False)
+        results.put((rank, ["a ring with a dead rank returned instead of raising"]))
+    except RuntimeError as e:  # gloo: the peer closed, or the group's timeout
+        took = time.monotonic() - start
+        late = took > DEAD_RANK_TIMEOUT_S + 20
+        results.put((rank, [f"the error came after {took:.0f} s (timeout {DEAD_RANK_TIMEOUT_S} s): {e}"] if late else []))
+    os._exit(0)  # the group cannot be destroyed cleanly without its other rank
+
+
+def check_dead_rank(ctx):
+    """The failures of a ring whose rank 1 died (one entry per problem; empty when rank 0 raised)."""
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=dead_rank_worker, args=(r, 2, os.path.join(tmp, "store"), results))
+                 for r in range(2)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(DEAD_RANK_TIMEOUT_S + 60)
+        hung = [proc for proc in procs if proc.is_alive()]
+        for proc in hung:
+            proc.kill()
+    if hung:
+        return ["a ring with a dead rank hung (rank 0 still waiting after the timeout and a minute)"]
+    failures = []
+    while not results.empty():
+        failures += results.get()[1]
+    return failures if failures or procs[0].exitcode == 0 else [f"rank 0 exited with {procs[0].exitcode}"]
+
+
 def main():
     if not HAVE_GLOO:
         print("skipped: torch with torch.distributed and gloo is not installed")
@@ -222,6 +268,9 @@ def main():
             if rank == 0:
                 passed += count - len(bad)
             failed += [f"P={world} rank {rank}: {b}" for b in bad]
+    dead = check_dead_rank(ctx)
+    failed += [f"dead rank: {f}" for f in dead]
+    passed += 0 if dead else 1
     for f in failed:
         print(f"FAIL {f}")
     print(f"{passed} checks passed on rank 0, {len(failed)} failures")
