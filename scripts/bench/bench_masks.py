@@ -96,7 +96,9 @@ def main():
     commit = os.environ.get("FA_COMMIT", "unknown")
     date = datetime.date.today().isoformat()
     flex = torch.compile(flex_attention)
-    rows = []
+    out = open(args.out, "w", newline="")  # row by row: a run cut short keeps what it measured
+    w = csv.writer(out)
+    w.writerow(["device", "commit", "date", "impl", "seq", "heads", "head_dim", "mask", "ms", "tflops", "note"])
     for n in args.seqs:
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for name, window, lengths in masks(n):
@@ -117,13 +119,12 @@ def main():
                 results.append(("sdpa_cudnn_dense_mask", float("nan"), "refused: " + str(e).splitlines()[0][:120]))
             del dense
             for impl, ms, note in results:
-                rows.append([device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
-                             f"{flops / (ms * 1e-3) / 1e12:.1f}", note])
-                print(",".join(map(str, rows[-1])), flush=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["device", "commit", "date", "impl", "seq", "heads", "head_dim", "mask", "ms", "tflops", "note"])
-        w.writerows(rows)
+                row = [device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
+                       f"{flops / (ms * 1e-3) / 1e12:.1f}", note]
+                w.writerow(row)
+                out.flush()
+                print(",".join(map(str, row)), flush=True)
+    out.close()
 
 
 if __name__ == "__main__":
