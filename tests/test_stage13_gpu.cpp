@@ -143,39 +143,53 @@ fa::MaskedReference baseline_16bit(const Problem& p, const Modifiers& m, const f
 
 struct DeviceTensors {
   fa::DeviceBuffer Q, K, V, O, L;
-  DeviceTensors(const Problem& p, fa::Dtype dtype)
+  explicit DeviceTensors(const Problem& p)
       : Q(std::max<size_t>(16, size_t(p.q_elems()) * 2), "Q"),
         K(std::max<size_t>(16, size_t(p.kv_elems()) * 2), "K"),
         V(std::max<size_t>(16, size_t(p.kv_elems()) * 2), "V"),
         O(std::max<size_t>(16, size_t(p.q_elems()) * 2), "O"),
-        L(std::max<size_t>(16, size_t(p.l_elems()) * 4), "L") {
-    (void)dtype;
-  }
+        L(std::max<size_t>(16, size_t(p.l_elems()) * 4), "L") {}
   void poison() const {  // all ones: NaN in bf16, f16 and fp32
     FA_CUDA_CHECK(cudaMemset(O.get(), 0xff, O.bytes()));
     FA_CUDA_CHECK(cudaMemset(L.get(), 0xff, L.bytes()));
   }
 };
 
-fa::CheckReport run_and_check(const Problem& p, const Modifiers& m, fa::Dtype dtype, uint64_t seed = 7) {
-  fa::Tensors t = fa::Tensors::make(p, seed, fa::Dist::Normal, false);
-  DeviceTensors dev(p, dtype);
-  fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
-  fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
-  fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
-  dev.poison();
-  s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
-  FA_CUDA_CHECK(cudaDeviceSynchronize());
-  fa::download(dtype, dev.O.get(), t.O.data(), p.q_elems(), nullptr);
-  FA_CUDA_CHECK(cudaMemcpy(t.L.data(), dev.L.get(), size_t(p.l_elems()) * 4, cudaMemcpyDeviceToHost));
+// One problem's inputs on the host and the device, and its outputs once downloaded.
+struct Run {
+  Problem p;
+  Modifiers m;
+  fa::Dtype dtype;
+  fa::Tensors t;
+  DeviceTensors dev;
+  Run(const Problem& p_, const Modifiers& m_, fa::Dtype dtype_, uint64_t seed)
+      : p(p_), m(m_), dtype(dtype_), t(fa::Tensors::make(p_, seed, fa::Dist::Normal, false)), dev(p_) {
+    fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
+    fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
+    fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
+    dev.poison();
+  }
+  void launch() {
+    s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
+  }
+  fa::CheckReport check() {
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    fa::download(dtype, dev.O.get(), t.O.data(), p.q_elems(), nullptr);
+    FA_CUDA_CHECK(cudaMemcpy(t.L.data(), dev.L.get(), size_t(p.l_elems()) * 4, cudaMemcpyDeviceToHost));
+    const fa::MaskedReference exact = fa::reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data());
+    const fa::MaskedReference base = baseline_16bit(p, m, t, dtype);
+    fa::CheckReport r;
+    const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, l{p.batch, p.heads, p.seq_q, 1};
+    r.items.push_back(fa::compare("O", t.O.data(), exact.O, q, fa::tolerance(exact.O, base.O, dtype)));
+    r.items.push_back(fa::compare("L", t.L.data(), exact.L, l, fa::tolerance(exact.L, base.L, dtype)));
+    return r;
+  }
+};
 
-  const fa::MaskedReference exact = fa::reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data());
-  const fa::MaskedReference base = baseline_16bit(p, m, t, dtype);
-  fa::CheckReport r;
-  const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, l{p.batch, p.heads, p.seq_q, 1};
-  r.items.push_back(fa::compare("O", t.O.data(), exact.O, q, fa::tolerance(exact.O, base.O, dtype)));
-  r.items.push_back(fa::compare("L", t.L.data(), exact.L, l, fa::tolerance(exact.L, base.L, dtype)));
-  return r;
+fa::CheckReport run_and_check(const Problem& p, const Modifiers& m, fa::Dtype dtype, uint64_t seed = 7) {
+  Run run(p, m, dtype, seed);
+  run.launch();
+  return run.check();
 }
 
 void expect_pass(const std::string& name, Problem p, const Modifiers& m) {
@@ -371,9 +385,28 @@ TEST_CASE("13 hopper: combinations") {
   expect_pass("documents + sinks, rows past the end", make(1, 2, 2, 200, 200, 128, true), tail);
 }
 
+TEST_CASE("13 hopper: calls queued back to back, each with its own table") {
+  // The document tables go up through two pinned buffers used in turn: five calls queued
+  // without a synchronisation must each read their own.
+  std::vector<Run> runs;
+  runs.reserve(5);
+  for (int i = 0; i < 5; ++i) {
+    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
+    m.window_left = 30 + 20 * i;
+    if (i % 2) m.sinks = sink_logits(2);
+    runs.emplace_back(make(1, 2, 2, 260, 300, 128, true), m, fa::Dtype::BF16, uint64_t(11 + i));
+  }
+  for (Run& r : runs) r.launch();
+  for (Run& r : runs) {
+    const fa::CheckReport report = r.check();
+    INFO(r.m.describe(), "\n", report.summary());
+    CHECK(report.pass());
+  }
+}
+
 TEST_CASE("13 hopper: a refusal writes nothing") {
   const Problem p = make(1, 2, 2, 128, 128, 128, true);
-  DeviceTensors dev(p, fa::Dtype::BF16);
+  DeviceTensors dev(p);
   dev.poison();
   Modifiers m;
   m.alibi_slopes = {0.5f};

@@ -8,8 +8,8 @@ as a tensor).
 
 Shapes: bf16, d = 128, 16 heads, batch 1, N in {4096, 16384}; masks: a causal sliding window
 of 1024 and of 4096 keys, and causal documents of 256–8192 tokens (lengths drawn with a fixed
-seed, the last one cut to fill N). Time: CUDA events, median of 20 calls after warm-up (the
-stage's program times itself the same way). Work: 4·d·(visible query-key pairs)·heads
+seed, the last one cut to fill N). Time: CUDA events around 10 calls in a row, per call,
+median of 10 such runs after warm-up (the stage's program times itself the same way). Work: 4·d·(visible query-key pairs)·heads
 floating-point operations per call, the same count for every implementation, so TFLOP/s
 compares useful work.
 
@@ -48,17 +48,18 @@ def visible_pairs(n, window, lengths):
     return sum(min(i, window) + 1 for i in range(n))
 
 
-def time_ms(fn, repeats=20):
+def time_ms(fn, repeats=10, calls=10):
     for _ in range(3):
         fn()
     times = []
     for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / calls)
     return sorted(times)[len(times) // 2]
 
 

@@ -67,6 +67,59 @@ std::vector<int> first_tiles(const Documents& docs, int rows) {
   return first;
 }
 
+/// Pinned host memory for the table's upload, two buffers per thread used in turn. From
+/// pageable memory cudaMemcpyAsync would first wait for everything queued on the stream (the
+/// previous call's kernel), so back-to-back calls would leave the GPU idle while the host
+/// prepares the next; from pinned memory the copy is queued like the kernel. A buffer is
+/// refilled only after its last copy has run (its event), i.e. at most two calls ahead.
+class StagingRing {
+ public:
+  unsigned char* take(size_t bytes) {
+    Slot& s = slots_[next_];
+    next_ ^= 1;
+    if (s.event) FA_CUDA_CHECK(cudaEventSynchronize(s.event));  // its last upload has been read
+    if (bytes > s.bytes) {
+      if (s.host) FA_CUDA_CHECK(cudaFreeHost(s.host));
+      s.host = nullptr;
+      FA_CUDA_CHECK(cudaHostAlloc(&s.host, bytes, cudaHostAllocPortable));
+      s.bytes = bytes;
+    }
+    current_ = &s;
+    return static_cast<unsigned char*>(s.host);
+  }
+  void copied_on(cudaStream_t stream) {
+    int device = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    if (current_->event && current_->device != device) {  // an event records on its own device only
+      FA_CUDA_CHECK(cudaEventDestroy(current_->event));
+      current_->event = nullptr;
+    }
+    if (!current_->event) FA_CUDA_CHECK(cudaEventCreateWithFlags(&current_->event, cudaEventDisableTiming));
+    current_->device = device;
+    FA_CUDA_CHECK(cudaEventRecord(current_->event, stream));
+  }
+  ~StagingRing() {  // at thread exit; errors ignored (the CUDA runtime may be gone already)
+    for (Slot& s : slots_) {
+      if (s.event) (void)cudaEventDestroy(s.event);
+      if (s.host) (void)cudaFreeHost(s.host);
+    }
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t event = nullptr;
+    int device = -1;
+  };
+  Slot slots_[2];
+  Slot* current_ = nullptr;
+  int next_ = 0;
+};
+thread_local StagingRing t_staging;
+unsigned char* staging_buffer(size_t bytes) { return t_staging.take(bytes); }
+void staged_on(cudaStream_t stream) { t_staging.copied_on(stream); }
+
 DocumentMask mask_of(const Problem& p, const Modifiers& m, const Documents& docs, size_t doc) {
   int right = m.window_right ? int(std::min<int64_t>(*m.window_right, kNoBound)) : kNoBound;
   if (p.causal) right = std::min(right, 0);
@@ -132,11 +185,11 @@ void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const voi
   const Scratch scratch(bytes, stream, kStageName, "the document table");
   auto* dev_ints = static_cast<int32_t*>(scratch.data());
   auto* dev_floats = reinterpret_cast<float*>(dev_ints + ints.size());
-  std::vector<unsigned char> staged(bytes);
-  std::memcpy(staged.data(), ints.data(), ints.size() * 4);
-  if (!floats.empty()) std::memcpy(staged.data() + ints.size() * 4, floats.data(), floats.size() * 4);
-  // From pageable memory: returns once the bytes are staged, so `staged` may go.
-  FA_CUDA_CHECK(cudaMemcpyAsync(scratch.data(), staged.data(), bytes, cudaMemcpyHostToDevice, stream));
+  unsigned char* staged = staging_buffer(bytes);
+  std::memcpy(staged, ints.data(), ints.size() * 4);
+  if (!floats.empty()) std::memcpy(staged + ints.size() * 4, floats.data(), floats.size() * 4);
+  FA_CUDA_CHECK(cudaMemcpyAsync(scratch.data(), staged, bytes, cudaMemcpyHostToDevice, stream));
+  staged_on(stream);
 
   MaskedParams params{};
   const int64_t q_heads = int64_t(p.batch) * p.heads, kv_heads = int64_t(p.batch) * p.kv_heads;
