@@ -394,7 +394,7 @@ TEST_CASE("13 hopper: calls queued back to back, each with its own table") {
     Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
     m.window_left = 30 + 20 * i;
     if (i % 2) m.sinks = sink_logits(2);
-    runs.emplace_back(make(1, 2, 2, 260, 300, 128, true), m, fa::Dtype::BF16, uint64_t(11 + i));
+    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, uint64_t(11 + i));
   }
   for (Run& r : runs) r.launch();
   for (Run& r : runs) {

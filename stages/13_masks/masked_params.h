@@ -28,6 +28,7 @@ struct MaskedParams {
   const float* sinks;             ///< [heads], or null
   float softcap;                  ///< cap (used by the soft-cap kernels only)
   int tiles_total;                ///< work tiles: first_tile[documents] · batch · heads
+  int heads_per_section;          ///< the work list's order: heads whose K and V fit in the L2 together
   int* tile_counter;              ///< the dynamic scheduler's counter, 0 at launch
   float scale;                    ///< 1/√d (or the problem's)
   float scale_log2;               ///< scale · log2 e

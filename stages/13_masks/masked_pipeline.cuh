@@ -50,15 +50,20 @@ struct WorkTile {
   __device__ DocumentMask mask(const MaskedParams& p) const { return {n_q, n_k, p.window_left, p.window_right}; }
 };
 
-/// Work tile t of the list. The heads of one position go together (bh = t mod batch·heads),
-/// and the positions from one head's last query tile to its first: the document last in the
-/// sequence first, and in each document the last tile (under the causal mask, the heaviest)
-/// first. The document of position u: the last with first_tile ≤ u (an empty document shares
-/// its first_tile with the next, which is then the one chosen).
+/// Work tile t of the list. Stage 10f's order (its HeadSections): the (batch, head) pairs in
+/// sections of p.heads_per_section, whose K and V fit in the L2 together, a section at a
+/// time; inside a section the heads of one position go together, and the positions run from
+/// one head's last query tile to its first — the document last in the sequence first, and in
+/// each document its last tile (under the causal mask, the heaviest) first. The document of
+/// position u: the last with first_tile ≤ u (an empty document shares its first_tile with the
+/// next, which is then the one chosen).
 template <int d>
 __device__ inline WorkTile work_of(const MaskedParams& p, int t) {
   const int heads_total = p.batch * p.heads, per_head = p.first_tile[p.documents];
-  const int u = per_head - 1 - t / heads_total;
+  const int per_section = p.heads_per_section * per_head;
+  const int first_head = t / per_section * p.heads_per_section, in_section = t % per_section;
+  const int heads_here = min(p.heads_per_section, heads_total - first_head);  // the last section may be short
+  const int u = per_head - 1 - in_section / heads_here;
   int lo = 0, hi = p.documents - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -70,7 +75,7 @@ __device__ inline WorkTile work_of(const MaskedParams& p, int t) {
   w.k_start = p.cu_k[lo];
   w.n_k = p.cu_k[lo + 1] - w.k_start;
   w.row0 = (u - p.first_tile[lo]) * MaskedRoles<d>::kBlockM;
-  w.bh = t % heads_total;
+  w.bh = first_head + in_section % heads_here;
   return w;
 }
 
