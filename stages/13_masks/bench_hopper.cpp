@@ -1,6 +1,7 @@
 // Stage 13 on Hopper, timed: one masked forward, and the useful work (the visible (query,
-// key) pairs) it did per second. Time: CUDA events around 10 calls in a row (the host
-// prepares a call while the GPU runs the one before), per call, median of --repeats such runs. The benchmark script
+// key) pairs) it did per second. Time: CUDA events around --calls calls in a row (10: the
+// host prepares a call while the GPU runs the one before), per call, median of --repeats
+// such runs. The benchmark script
 // (scripts/bench/bench_masks.py) runs it beside flex_attention and SDPA.
 //
 //   bench13_hopper --seq 16384 --heads 16 --head-dim 128 --causal --window-left 1024
@@ -27,8 +28,7 @@ int main(int argc, char** argv) {
   p.head_dim = 128;
   int64_t window_left = -1, window_right = -1;
   std::vector<int64_t> seqlens;
-  int repeats = 10;
-  constexpr int kCalls = 10;
+  int repeats = 10, calls = 10;
   std::string dtype_name = "bf16";
   app.add_option("--seq", p.seq_q, "tokens (queries = keys)");
   app.add_option("--heads", p.heads, "query heads (= kv heads)");
@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--window-left", window_left, "keys before the diagonal (-1: none)");
   app.add_option("--window-right", window_right, "keys after the diagonal (-1: none)");
   app.add_option("--seqlens", seqlens, "document lengths (sum <= seq)")->delimiter(',');
-  app.add_option("--repeats", repeats, "timed runs of 10 calls");
+  app.add_option("--repeats", repeats, "timed runs")->check(CLI::PositiveNumber);
+  app.add_option("--calls", calls, "calls in a row per timed run")->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype_name, "bf16 or f16");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -76,12 +77,12 @@ int main(int argc, char** argv) {
     FA_CUDA_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < repeats; ++i) {
       FA_CUDA_CHECK(cudaEventRecord(a));
-      for (int c = 0; c < kCalls; ++c) run();
+      for (int c = 0; c < calls; ++c) run();
       FA_CUDA_CHECK(cudaEventRecord(b));
       FA_CUDA_CHECK(cudaEventSynchronize(b));
       float t = 0;
       FA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      ms.push_back(t / kCalls);
+      ms.push_back(t / float(calls));
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];

@@ -54,6 +54,7 @@ struct DocumentMask {
   }
   FA13_HOST_DEVICE bool keep(int i, int j) const { return lo(i) <= j && j < hi(i); }
 
+  //! [document mask]
   /// The key tiles the rows [row0, row0 + rows) of the document visit: every tile holding a
   /// key one of them sees (rows past the document's end do not count).
   FA13_HOST_DEVICE KeyTileRange key_tile_range(int row0, int rows, int B_c) const {
@@ -71,6 +72,7 @@ struct DocumentMask {
     const int r1 = (row0 + rows < n_q ? row0 + rows : n_q) - 1, c0 = j * B_c, c1 = c0 + B_c;
     return lo(r1) <= c0 && hi(row0) >= c1 ? GpuTileKind::Full : GpuTileKind::Partial;
   }
+  //! [document mask]
 };
 
 }  // namespace fa::stage13

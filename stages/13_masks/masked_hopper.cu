@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(MaskedRoles<d>::kThreads, 1) masked_fwd(const 
           mbarrier_arrive(&sm.q_full[b]);
           break;
         }
+        //! [producer asks the mask]
         const WorkTile w = work_of<d>(p, t);
         sm.work[b] = w;  // published to the consumers by load_q's arrival on q_full[b]
         load_q(sm, p, w, b);
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(MaskedRoles<d>::kThreads, 1) masked_fwd(const 
         const int bkv = batch * p.kv_heads + head / (p.heads / p.kv_heads);  // grouped-query attention
         load_kv(sm, p, w, bkv, range, ring);
         ring += range.count();
+        //! [producer asks the mask]
         t = t_next;
       }
     }
@@ -104,6 +106,7 @@ __global__ void __launch_bounds__(MaskedRoles<d>::kThreads, 1) masked_fwd(const 
     mbarrier_wait(&sm.q_full[b], PipelineState<kQ>::at(round).phase);
     const WorkTile w = sm.work[b];  // written before the producer's arrival on q_full[b]
     if (w.bh < 0) break;            // the producer found no more work
+    //! [consumer asks the mask]
     const DocumentMask doc = w.mask(p);
     const KeyTileRange range = doc.key_tile_range(w.row0, R::kBlockM, B_c);  // the producer's range
     const int count = range.count(), row0 = w.row0 + wg_row0;  // this warpgroup's first row in the document
@@ -121,6 +124,7 @@ __global__ void __launch_bounds__(MaskedRoles<d>::kThreads, 1) masked_fwd(const 
       if (doc.classify(row0, kRowsPerWarpgroup, j, B_c) != GpuTileKind::Full)
         mask_partial_tile<B_c>(s_acc, row0, j * B_c, doc);
     };
+    //! [consumer asks the mask]
     Elem* q_tile = sm.q_buffer(b);
     const Elem* q_rows = q_tile + wg_row0 * 64;  // this warpgroup's rows of column block 0
 

@@ -121,11 +121,13 @@ unsigned char* staging_buffer(size_t bytes) { return t_staging.take(bytes); }
 void staged_on(cudaStream_t stream) { t_staging.copied_on(stream); }
 
 /// Stage 10f's sections: the largest power of two of (batch, head) pairs whose K and V fit in
-/// the L2 together (heads that share a KV head count their share), at least one.
-int heads_per_section(const Problem& p, int device) {
+/// the L2 together (heads that share a KV head count their share), at least one. With
+/// documents a head's blocks read one document's K and V at a time: the longest counts.
+int heads_per_section(const Problem& p, const Modifiers& m, int device) {
   int l2_bytes = 0;
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const double kv_bytes_per_head = 2.0 * p.seq_k * p.head_dim * 2 / p.group_size();  // K and V, 2 bytes
+  const double keys = double(m.max_seqlen_k(p));
+  const double kv_bytes_per_head = 2.0 * keys * p.head_dim * 2 / p.group_size();  // K and V, 2 bytes
   const int64_t fit = int64_t(l2_bytes / std::max(kv_bytes_per_head, 1.0));
   int64_t heads = 1;
   while (2 * heads <= std::min<int64_t>(fit, int64_t(p.heads) * p.batch)) heads *= 2;
@@ -232,7 +234,7 @@ void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const voi
   params.sinks = m.sinks.empty() ? nullptr : dev_floats + m.alibi_slopes.size();
   params.softcap = float(m.softcap);
   params.tiles_total = int(tiles);
-  params.heads_per_section = heads_per_section(p, device);
+  params.heads_per_section = heads_per_section(p, m, device);
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
