@@ -27,10 +27,11 @@ inline const std::vector<int> kHopperHeadDims{64, 128};
 void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const void* Q, const void* K, const void* V,
                     void* O, float* L, cudaStream_t stream);
 
-/// The key tiles the kernel visits for `p` under `m` (all heads): what the producer loads,
-/// computed on the host with the kernel's own document mask. `skip` counts the key tiles of
-/// the documents' rows that are never loaded, `full` and `partial` those computed without and
-/// with the element mask (per consumer warpgroup of 64 rows). No GPU needed.
+/// The key tiles the kernel visits for `p` under `m` (all heads), computed on the host with
+/// the kernel's own document mask: per work tile (B_r query rows of one document) and key tile
+/// of that document, `skip` counts those never loaded, `full` and `partial` those the block's
+/// rows see whole or in part (a consumer warpgroup masks a tile that is partial for its own 64
+/// rows). No GPU needed.
 struct HopperTileCounts {
   int64_t skip = 0, full = 0, partial = 0;
 };
