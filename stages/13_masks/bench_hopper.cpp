@@ -1,0 +1,98 @@
+// Stage 13 on Hopper, timed: one masked forward, and the useful work (the visible (query,
+// key) pairs) it did per second. Time: CUDA events around --calls calls in a row (10: the
+// host prepares a call while the GPU runs the one before), per call, median of --repeats
+// such runs. The benchmark script
+// (scripts/bench/bench_masks.py) runs it beside flex_attention and SDPA.
+//
+//   bench13_hopper --seq 16384 --heads 16 --head-dim 128 --causal --window-left 1024
+//   bench13_hopper --seq 16384 --seqlens 300,2000,... --causal          (documents)
+// Prints one line: "ms=<median> tflops=<4·d·visible pairs·heads / time>".
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda_utils.h"
+#include "document_mask.h"
+#include "mask_reference.h"
+#include "masked_hopper.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"stage 13's Hopper forward, timed"};
+  fa::Problem p;
+  p.seq_q = p.seq_k = 4096;
+  p.heads = p.kv_heads = 16;
+  p.head_dim = 128;
+  int64_t window_left = -1, window_right = -1;
+  std::vector<int64_t> seqlens;
+  int repeats = 10, calls = 10;
+  std::string dtype_name = "bf16";
+  app.add_option("--seq", p.seq_q, "tokens (queries = keys)");
+  app.add_option("--heads", p.heads, "query heads (= kv heads)");
+  app.add_option("--head-dim", p.head_dim, "d");
+  app.add_flag("--causal", p.causal, "the causal mask");
+  app.add_option("--window-left", window_left, "keys before the diagonal (-1: none)");
+  app.add_option("--window-right", window_right, "keys after the diagonal (-1: none)");
+  app.add_option("--seqlens", seqlens, "document lengths (sum <= seq)")->delimiter(',');
+  app.add_option("--repeats", repeats, "timed runs")->check(CLI::PositiveNumber);
+  app.add_option("--calls", calls, "calls in a row per timed run")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", dtype_name, "bf16 or f16");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    p.seq_k = p.seq_q;
+    p.kv_heads = p.heads;
+    fa::Modifiers m;
+    if (window_left >= 0) m.window_left = window_left;
+    if (window_right >= 0) m.window_right = window_right;
+    if (!seqlens.empty()) m.cu_seqlens_q = m.cu_seqlens_k = fa::cu_seqlens_of(seqlens, "bench13_hopper");
+    const fa::Dtype dtype = fa::parse_dtype(dtype_name);
+    m.validate(p, "bench13_hopper");
+
+    // Visible pairs, row by row, with the kernel's own mask (document indices).
+    const std::vector<int64_t> cu = m.has_documents() ? m.cu_seqlens_q : std::vector<int64_t>{0, p.seq_q};
+    int right = m.window_right ? int(*m.window_right) : fa::stage13::kNoBound;
+    if (p.causal) right = std::min(right, 0);
+    const int left = m.window_left ? int(*m.window_left) : fa::stage13::kNoBound;
+    double pairs = 0;
+    for (size_t d = 0; d + 1 < cu.size(); ++d) {
+      const int n = int(cu[d + 1] - cu[d]);
+      const fa::stage13::DocumentMask mask{n, n, left, right};
+      for (int i = 0; i < n; ++i) pairs += mask.hi(i) - mask.lo(i);
+    }
+
+    const size_t elems = size_t(p.q_elems());
+    fa::DeviceBuffer Q(elems * 2, "Q"), K(elems * 2, "K"), V(elems * 2, "V"), O(elems * 2, "O");
+    fa::DeviceBuffer L(size_t(p.l_elems()) * 4, "L");
+    fa::fill_random(dtype, Q.get(), int64_t(elems), 1, nullptr);
+    fa::fill_random(dtype, K.get(), int64_t(elems), 2, nullptr);
+    fa::fill_random(dtype, V.get(), int64_t(elems), 3, nullptr);
+    const auto run = [&] { fa::stage13::forward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr); };
+    for (int i = 0; i < 3; ++i) run();
+    std::vector<float> ms;
+    cudaEvent_t a, b;
+    FA_CUDA_CHECK(cudaEventCreate(&a));
+    FA_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < repeats; ++i) {
+      FA_CUDA_CHECK(cudaEventRecord(a));
+      for (int c = 0; c < calls; ++c) run();
+      FA_CUDA_CHECK(cudaEventRecord(b));
+      FA_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      FA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      ms.push_back(t / float(calls));
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    const fa::stage13::HopperTileCounts tiles = fa::stage13::count_hopper_tiles(p, m);
+    std::printf("ms=%.4f tflops=%.1f tiles_skip=%lld tiles_full=%lld tiles_partial=%lld\n", median,
+                4.0 * p.head_dim * pairs * p.heads / (median * 1e-3) / 1e12, (long long)tiles.skip,
+                (long long)tiles.full, (long long)tiles.partial);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

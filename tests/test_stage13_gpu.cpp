@@ -1,0 +1,431 @@
+// Stage 13 on Hopper (masked_hopper.h): the GPU forward under the modifiers against the
+// float64 mask reference (common/mask_reference.h).
+//
+// Test suite "cpu" (every machine): the kernel's document mask (document_mask.h) against the
+// reference's mask_keeps() element by element — no visible key in a tile that is not loaded,
+// every full tile seen whole by every row — and the refusals of bad input, which come before
+// the device is touched.
+// GPU tests (compute capability 9.x): every modifier alone and in combinations, causal and
+// not, over head dims 64 and 128, bf16 and f16: windows 0, small and ≥ N; documents with
+// empty and one-token ones, unequal query and key lengths, rows past the last document;
+// soft-cap small enough that tanh saturates; ALiBi with the usual geometric slopes; sinks;
+// GQA; a batch of two. Outputs are poisoned first, so a row not written fails. Each output
+// is allowed twice the error of a same-precision baseline (the formulas with the inputs and
+// P rounded to the dtype) plus the floor, compare.h's policy. A refusal writes nothing.
+//
+// Without a GPU only the "cpu" suite runs, then the program exits 77 (skipped).
+// FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "compare.h"
+#include "cuda_utils.h"
+#include "document_mask.h"
+#include "eigen.h"
+#include "mask_reference.h"
+#include "masked_hopper.h"
+#include "tensors.h"
+
+namespace {
+
+using fa::Modifiers;
+using fa::Problem;
+namespace s13 = fa::stage13;
+
+bool small() { return std::getenv("FA_TEST_SMALL") != nullptr; }
+
+Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bool causal) {
+  Problem p;
+  p.batch = batch, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = seq_q, p.seq_k = seq_k, p.head_dim = d;
+  p.causal = causal;
+  return p;
+}
+
+Modifiers documents(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens) {
+  Modifiers m;
+  m.cu_seqlens_q = fa::cu_seqlens_of(q_lens, "test");
+  m.cu_seqlens_k = fa::cu_seqlens_of(k_lens, "test");
+  return m;
+}
+
+std::vector<float> sink_logits(int heads) {
+  std::vector<float> s;
+  for (int h = 0; h < heads; ++h) s.push_back(0.7f * float(h) - 1.0f);
+  return s;
+}
+
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(not refused)";
+}
+
+// ---- the same-precision baseline ----------------------------------------------------------
+
+float round_to(fa::Dtype t, float x) {
+  return t == fa::Dtype::BF16 ? float(Eigen::bfloat16(x)) : float(Eigen::half(x));
+}
+
+// The definitions of modifiers.h in float, with the inputs rounded to `dtype` (what the GPU
+// reads), P rounded before P·V and O rounded when stored: the error a plain implementation in
+// this precision makes, which sets the budget.
+fa::MaskedReference baseline_16bit(const Problem& p, const Modifiers& m, const fa::Tensors& t, fa::Dtype dtype) {
+  fa::MaskedReference r;
+  r.O.assign(size_t(p.q_elems()), 0.0);
+  r.L.assign(size_t(p.l_elems()), 0.0);
+  const int d = p.head_dim;
+  const float scale = p.softmax_scale();
+  const auto rounded = [&](const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = round_to(dtype, x[i]);
+    return y;
+  };
+  const std::vector<float> Q = rounded(t.Q), K = rounded(t.K), V = rounded(t.V);
+  std::vector<float> s(static_cast<size_t>(p.seq_k)), o(static_cast<size_t>(d));
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h) {
+      const int kvh = h / p.group_size();
+      const float sink = m.sinks.empty() ? -INFINITY : m.sinks[size_t(h)];
+      for (int i = 0; i < p.seq_q; ++i) {
+        const float* q = &Q[size_t(p.q_offset(b, h, i))];
+        float row_max = sink;
+        for (int j = 0; j < p.seq_k; ++j) {
+          s[size_t(j)] = -INFINITY;
+          if (!fa::mask_keeps(p, m, i, j)) continue;
+          const float* k = &K[size_t((int64_t(b) * p.kv_heads + kvh) * p.seq_k + j) * size_t(d)];
+          float x = 0;
+          for (int c = 0; c < d; ++c) x += q[c] * k[c];
+          x *= scale;
+          if (m.softcap > 0) x = float(m.softcap) * std::tanh(x / float(m.softcap));
+          if (!m.alibi_slopes.empty()) x += m.alibi_slopes[size_t(h)] * float(j - fa::diagonal_key(p, m, i));
+          s[size_t(j)] = x;
+          row_max = std::max(row_max, x);
+        }
+        const size_t row = size_t(p.q_offset(b, h, i) / d);
+        if (row_max == -INFINITY) {  // no key, no sink
+          r.L[row] = -INFINITY;
+          continue;
+        }
+        float l = m.sinks.empty() ? 0.f : std::exp(sink - row_max);
+        for (int j = 0; j < p.seq_k; ++j) l += std::exp(s[size_t(j)] - row_max);
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int j = 0; j < p.seq_k; ++j) {
+          if (s[size_t(j)] == -INFINITY) continue;
+          const float P = round_to(dtype, std::exp(s[size_t(j)] - row_max) / l);
+          const float* v = &V[size_t((int64_t(b) * p.kv_heads + kvh) * p.seq_k + j) * size_t(d)];
+          for (int c = 0; c < d; ++c) o[size_t(c)] += P * v[c];
+        }
+        for (int c = 0; c < d; ++c) r.O[row * size_t(d) + size_t(c)] = round_to(dtype, o[size_t(c)]);
+        r.L[row] = row_max + std::log(l);
+      }
+    }
+  return r;
+}
+
+// ---- running the GPU forward ------------------------------------------------------------
+
+struct DeviceTensors {
+  fa::DeviceBuffer Q, K, V, O, L;
+  explicit DeviceTensors(const Problem& p)
+      : Q(std::max<size_t>(16, size_t(p.q_elems()) * 2), "Q"),
+        K(std::max<size_t>(16, size_t(p.kv_elems()) * 2), "K"),
+        V(std::max<size_t>(16, size_t(p.kv_elems()) * 2), "V"),
+        O(std::max<size_t>(16, size_t(p.q_elems()) * 2), "O"),
+        L(std::max<size_t>(16, size_t(p.l_elems()) * 4), "L") {}
+  void poison() const {  // all ones: NaN in bf16, f16 and fp32
+    FA_CUDA_CHECK(cudaMemset(O.get(), 0xff, O.bytes()));
+    FA_CUDA_CHECK(cudaMemset(L.get(), 0xff, L.bytes()));
+  }
+};
+
+// One problem's inputs on the host and the device, and its outputs once downloaded.
+struct Run {
+  Problem p;
+  Modifiers m;
+  fa::Dtype dtype;
+  fa::Tensors t;
+  DeviceTensors dev;
+  Run(const Problem& p_, const Modifiers& m_, fa::Dtype dtype_, uint64_t seed)
+      : p(p_), m(m_), dtype(dtype_), t(fa::Tensors::make(p_, seed, fa::Dist::Normal, false)), dev(p_) {
+    fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
+    fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
+    fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
+    dev.poison();
+  }
+  void launch() {
+    s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
+  }
+  fa::CheckReport check() {
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    fa::download(dtype, dev.O.get(), t.O.data(), p.q_elems(), nullptr);
+    FA_CUDA_CHECK(cudaMemcpy(t.L.data(), dev.L.get(), size_t(p.l_elems()) * 4, cudaMemcpyDeviceToHost));
+    const fa::MaskedReference exact = fa::reference_forward_masked(p, m, t.Q.data(), t.K.data(), t.V.data());
+    const fa::MaskedReference base = baseline_16bit(p, m, t, dtype);
+    fa::CheckReport r;
+    const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, l{p.batch, p.heads, p.seq_q, 1};
+    r.items.push_back(fa::compare("O", t.O.data(), exact.O, q, fa::tolerance(exact.O, base.O, dtype)));
+    r.items.push_back(fa::compare("L", t.L.data(), exact.L, l, fa::tolerance(exact.L, base.L, dtype)));
+    return r;
+  }
+};
+
+fa::CheckReport run_and_check(const Problem& p, const Modifiers& m, fa::Dtype dtype, uint64_t seed = 7) {
+  Run run(p, m, dtype, seed);
+  run.launch();
+  return run.check();
+}
+
+void expect_pass(const std::string& name, Problem p, const Modifiers& m) {
+  for (int d : s13::kHopperHeadDims)
+    for (fa::Dtype dtype : {fa::Dtype::BF16, fa::Dtype::F16}) {
+      p.head_dim = d;
+      const fa::CheckReport r = run_and_check(p, m, dtype);
+      INFO(name, " | ", p.describe(), " | ", m.describe(), " | ", fa::dtype_name(dtype), "\n", r.summary());
+      CHECK(r.pass());
+    }
+}
+
+}  // namespace
+
+// ======================================================================================
+// Without a GPU
+// ======================================================================================
+
+TEST_SUITE("cpu") {
+  TEST_CASE("13 hopper: the document mask against the reference's mask, tile by tile") {
+    struct Case {
+      Problem p;
+      Modifiers m;
+    };
+    std::vector<Case> cases;
+    for (bool causal : {false, true}) {
+      const auto add = [&](int seq_q, int seq_k, Modifiers m) { cases.push_back({make(1, 1, 1, seq_q, seq_k, 64, causal), m}); };
+      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}, {1000, 1000}}) {
+        Modifiers m;
+        if (wl >= 0) m.window_left = wl;
+        if (wr >= 0) m.window_right = wr;
+        add(1, 1, m), add(300, 300, m), add(130, 517, m), add(517, 130, m);
+        Modifiers docs = documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200});
+        docs.window_left = m.window_left, docs.window_right = m.window_right;
+        add(700, 700, docs);
+        Modifiers uneven = documents({5, 200, 0, 33, 1}, {17, 150, 3, 0, 250});
+        uneven.window_left = m.window_left, uneven.window_right = m.window_right;
+        add(260, 430, uneven);
+      }
+    }
+    int64_t tiles = 0;
+    for (const Case& c : cases) {
+      const std::vector<int64_t> cq = c.m.has_documents() ? c.m.cu_seqlens_q : std::vector<int64_t>{0, c.p.seq_q};
+      const std::vector<int64_t> ck = c.m.has_documents() ? c.m.cu_seqlens_k : std::vector<int64_t>{0, c.p.seq_k};
+      int right = c.m.window_right ? int(*c.m.window_right) : s13::kNoBound;
+      if (c.p.causal) right = std::min(right, 0);
+      const int left = c.m.window_left ? int(*c.m.window_left) : s13::kNoBound;
+      for (size_t doc = 0; doc + 1 < cq.size(); ++doc) {
+        const s13::DocumentMask mask{int(cq[doc + 1] - cq[doc]), int(ck[doc + 1] - ck[doc]), left, right};
+        CAPTURE(c.p.describe());
+        CAPTURE(c.m.describe());
+        CAPTURE(doc);
+        for (int i = 0; i < mask.n_q; ++i)  // keep() is the reference's mask, in document indices
+          for (int j = 0; j < mask.n_k; ++j)
+            REQUIRE(mask.keep(i, j) == fa::mask_keeps(c.p, c.m, cq[doc] + i, ck[doc] + j));
+        for (int rows : {64, 128, 192})
+          for (int row0 = 0; row0 < mask.n_q; row0 += rows) {
+            const int r1 = std::min(row0 + rows, mask.n_q);
+            for (int j = 0; j * 128 < mask.n_k; ++j) {
+              int visible = 0, cells = 0;
+              for (int i = row0; i < r1; ++i)
+                for (int k = j * 128; k < std::min((j + 1) * 128, mask.n_k); ++k) visible += mask.keep(i, k), ++cells;
+              const s13::GpuTileKind kind = mask.classify(row0, rows, j, 128);
+              CAPTURE(rows);
+              CAPTURE(row0);
+              CAPTURE(j);
+              if (kind == s13::GpuTileKind::Skip) CHECK(visible == 0);          // never loaded: sees nothing
+              if (kind == s13::GpuTileKind::Full) CHECK(visible == cells);      // unmasked: seen whole
+              if (kind == s13::GpuTileKind::Full) CHECK((j + 1) * 128 <= mask.n_k);
+              ++tiles;
+            }
+          }
+      }
+    }
+    CHECK(tiles > 1000);
+  }
+
+  TEST_CASE("13 hopper: a window skips the key tiles outside the band") {
+    Problem p = make(1, 2, 2, 4096, 4096, 128, true);
+    Modifiers m;
+    m.window_left = 256;
+    const s13::HopperTileCounts c = s13::count_hopper_tiles(p, m);
+    // Query tile i (128 rows) sees keys [128i − 256, 128i + 128): tiles i − 2 … i.
+    CHECK(c.full + c.partial == 2 * (32 * 3 - 3));
+    CHECK(c.skip == 2 * 32 * 32 - (c.full + c.partial));
+  }
+
+  TEST_CASE("13 hopper: bad input is refused by name before the device is touched") {
+    const Problem p = make(1, 4, 2, 100, 100, 128, true);
+    const auto refuse_in = [](const Problem& q, const Modifiers& m, fa::Dtype dtype) {
+      return refusal([&] { s13::forward_hopper(q, m, dtype, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr); });
+    };
+    const auto refuse = [&](const Modifiers& m, fa::Dtype dtype = fa::Dtype::BF16) { return refuse_in(p, m, dtype); };
+    Modifiers m = documents({40, 60}, {40, 60});
+    m.cu_seqlens_q[0] = 1;
+    CHECK(refuse(m).find("13_masks: cu_seqlens_q starts at 1 (it must start at 0)") != std::string::npos);
+    m = documents({40, 60}, {40, 60});
+    m.cu_seqlens_k = {0, 50, 30};
+    CHECK(refuse(m).find("13_masks: cu_seqlens_k decreases at entry 2 (50 then 30") != std::string::npos);
+    m = documents({40, 61}, {40, 60});
+    CHECK(refuse(m).find("13_masks: cu_seqlens_q ends at 101, past the tensor (seq_q = 100)") != std::string::npos);
+    m = Modifiers{};
+    m.window_left = -3;
+    CHECK(refuse(m).find("13_masks: window_left = -3 is not allowed") != std::string::npos);
+    m = Modifiers{};
+    m.window_right = -1;
+    CHECK(refuse(m).find("13_masks: window_right = -1 is not allowed") != std::string::npos);
+    m = Modifiers{};
+    m.softcap = -2;
+    CHECK(refuse(m).find("13_masks: softcap = -2 is not allowed") != std::string::npos);
+    m.softcap = std::numeric_limits<double>::quiet_NaN();
+    CHECK(refuse(m).find("13_masks: softcap = nan is not allowed") != std::string::npos);
+    m = Modifiers{};
+    m.alibi_slopes = fa::alibi_slopes(3);
+    CHECK(refuse(m).find("13_masks: alibi_slopes has 3 entries (one per query head: heads = 4)") != std::string::npos);
+    m = Modifiers{};
+    m.sinks = {1.f};
+    CHECK(refuse(m).find("13_masks: sinks has 1 entries") != std::string::npos);
+    CHECK(refuse(Modifiers{}, fa::Dtype::F32).find("13_masks: dtype f32") != std::string::npos);
+    CHECK(refuse_in(make(1, 4, 2, 100, 100, 256, true), Modifiers{}, fa::Dtype::BF16)
+              .find("13_masks: head_dim = 256 is not supported (supported: 64, 128)") != std::string::npos);
+    m = documents({40, 60}, {40, 60});
+    CHECK(refuse_in(make(2, 4, 2, 100, 100, 128, true), m, fa::Dtype::BF16).find("13_masks: batch = 2 with cu_seqlens") !=
+          std::string::npos);
+  }
+}
+
+// ======================================================================================
+// On the GPU
+// ======================================================================================
+
+TEST_CASE("13 hopper: no modifier, causal and not, with tails and N_q != N_k") {
+  expect_pass("plain", make(1, 2, 2, 333, 517, 128, false), Modifiers{});
+  expect_pass("causal", make(1, 2, 1, 300, 700, 128, true), Modifiers{});
+  expect_pass("causal, N_q > N_k", make(1, 2, 2, 520, 250, 128, true), Modifiers{});
+  if (!small()) expect_pass("batch 2, GQA", make(2, 4, 2, 400, 400, 128, true), Modifiers{});
+}
+
+TEST_CASE("13 hopper: sliding windows") {
+  const auto window = [](std::optional<int64_t> left, std::optional<int64_t> right) {
+    Modifiers m;
+    m.window_left = left, m.window_right = right;
+    return m;
+  };
+  expect_pass("window 0 (the diagonal alone)", make(1, 2, 2, 300, 300, 128, true), window(0, 0));
+  expect_pass("causal window 64", make(1, 2, 1, 600, 600, 128, true), window(64, std::nullopt));
+  expect_pass("two-sided window (100, 37)", make(1, 2, 2, 500, 450, 128, false), window(100, 37));
+  expect_pass("window >= N", make(1, 2, 2, 300, 300, 128, true), window(5000, 5000));
+  if (!small()) expect_pass("batch 2 window 130", make(2, 2, 2, 700, 700, 128, true), window(130, std::nullopt));
+}
+
+TEST_CASE("13 hopper: documents (variable length)") {
+  expect_pass("documents, causal, empty and one-token ones", make(1, 2, 2, 694, 694, 128, true),
+              documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200}));
+  expect_pass("documents, not causal", make(1, 2, 1, 694, 694, 128, false),
+              documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200}));
+  // Unequal query and key lengths, a document with no keys, rows and keys past the last one.
+  expect_pass("uneven documents, rows past the end", make(1, 2, 2, 280, 450, 128, true),
+              documents({5, 200, 0, 33, 1}, {17, 150, 3, 0, 250}));
+  Modifiers m = documents({256, 1, 511, 0}, {256, 1, 511, 0});
+  m.window_left = 100;
+  expect_pass("documents + causal window", make(1, 2, 2, 768, 768, 128, true), m);
+}
+
+TEST_CASE("13 hopper: soft-capping, ALiBi, sinks") {
+  Modifiers cap;
+  cap.softcap = 30;
+  expect_pass("softcap 30", make(1, 2, 2, 300, 400, 128, true), cap);
+  cap.softcap = 0.05;  // |s| ≫ cap: tanh saturates
+  expect_pass("softcap 0.05", make(1, 2, 2, 300, 400, 128, false), cap);
+  Modifiers alibi;
+  alibi.alibi_slopes = fa::alibi_slopes(4);
+  expect_pass("alibi causal", make(1, 4, 2, 400, 400, 128, true), alibi);
+  expect_pass("alibi not causal", make(1, 4, 4, 300, 500, 128, false), alibi);
+  Modifiers sinks;
+  sinks.sinks = sink_logits(4);
+  expect_pass("sinks", make(1, 4, 2, 300, 300, 128, true), sinks);
+  Modifiers both;
+  both.softcap = 2, both.alibi_slopes = fa::alibi_slopes(4);
+  expect_pass("softcap + alibi", make(1, 4, 2, 300, 300, 128, true), both);
+}
+
+TEST_CASE("13 hopper: combinations") {
+  Modifiers m = documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200});
+  m.window_left = 40, m.softcap = 5, m.alibi_slopes = fa::alibi_slopes(4), m.sinks = sink_logits(4);
+  expect_pass("documents + window + softcap + alibi + sinks", make(1, 4, 2, 700, 700, 128, true), m);
+  Modifiers two_sided;
+  two_sided.window_left = 70, two_sided.window_right = 20, two_sided.sinks = sink_logits(2);
+  two_sided.alibi_slopes = fa::alibi_slopes(2);
+  expect_pass("two-sided window + alibi + sinks", make(1, 2, 2, 500, 500, 128, false), two_sided);
+  Modifiers tail = documents({100, 0, 50}, {120, 7, 50});  // rows past the last document: O = 0, L = σ
+  tail.sinks = sink_logits(2);
+  expect_pass("documents + sinks, rows past the end", make(1, 2, 2, 200, 200, 128, true), tail);
+}
+
+TEST_CASE("13 hopper: calls queued back to back, each with its own table") {
+  // The document tables go up through two pinned buffers used in turn: five calls queued
+  // without a synchronisation must each read their own.
+  std::vector<Run> runs;
+  runs.reserve(5);
+  for (int i = 0; i < 5; ++i) {
+    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
+    m.window_left = 30 + 20 * i;
+    if (i % 2) m.sinks = sink_logits(2);
+    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, uint64_t(11 + i));
+  }
+  for (Run& r : runs) r.launch();
+  for (Run& r : runs) {
+    const fa::CheckReport report = r.check();
+    INFO(r.m.describe(), "\n", report.summary());
+    CHECK(report.pass());
+  }
+}
+
+TEST_CASE("13 hopper: a refusal writes nothing") {
+  const Problem p = make(1, 2, 2, 128, 128, 128, true);
+  DeviceTensors dev(p);
+  dev.poison();
+  Modifiers m;
+  m.alibi_slopes = {0.5f};
+  CHECK(refusal([&] {
+          s13::forward_hopper(p, m, fa::Dtype::BF16, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(),
+                              dev.L.as<float>(), nullptr);
+        }).find("alibi_slopes has 1 entries") != std::string::npos);
+  std::vector<unsigned char> o(dev.O.bytes());
+  FA_CUDA_CHECK(cudaMemcpy(o.data(), dev.O.get(), o.size(), cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(o.begin(), o.end(), [](unsigned char b) { return b == 0xff; }));
+}
+
+int main(int argc, char** argv) {
+  doctest::Context ctx(argc, argv);
+  if (!fa::have_gpu()) {
+    ctx.addFilter("test-suite", "cpu");
+    const int rc = ctx.run();
+    std::printf("GPU tests skipped: no GPU on this machine\n");
+    return rc != 0 ? rc : 77;
+  }
+  return ctx.run();
+}
