@@ -39,7 +39,7 @@ if [ -n "$stage" ] || ((quick == 1)); then
   else
     # The harness and every CPU stage's test programs.
     targets=(test_harness $(ninja -C "$build" -t targets all | sed -n 's/^\(stage[0-9][0-9]_all\): .*/\1/p'))
-    select=(-R '^(harness|stage[0-9][0-9](_forward)?)$')
+    select=(-R '^(harness|stage[0-9][0-9](_forward|_cpu)?)$')
   fi
   start=$(date +%s)
   echo "test: building ${targets[*]} in $build"
