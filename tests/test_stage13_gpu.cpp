@@ -1,5 +1,5 @@
-// Stage 13 on Hopper (masked_hopper.h): the GPU forward under the modifiers against the
-// float64 mask reference (common/mask_reference.h).
+// Stage 13 on Hopper (masked_hopper.h): the GPU forward and backward under the modifiers
+// against the float64 mask reference (common/mask_reference.h).
 //
 // Test suite "cpu" (every machine): the kernel's document mask (document_mask.h) against the
 // reference's mask_keeps() element by element — no visible key in a tile that is not loaded,
@@ -12,6 +12,10 @@
 // GQA; a batch of two. Outputs are poisoned first, so a row not written fails. Each output
 // is allowed twice the error of a same-precision baseline (the formulas with the inputs and
 // P rounded to the dtype) plus the floor, compare.h's policy. A refusal writes nothing.
+// The backward runs on the GPU forward's O and L: dQ, dK, dV and dsinks against the reference's
+// backward, over the same kinds of cases, with a 16-bit baseline of its own (P, O, dS rounded
+// where a tensor-core kernel rounds them); its query-tile range is checked on the CPU against
+// classify() and keep().
 //
 // Without a GPU only the "cpu" suite runs, then the program exits 77 (skipped).
 // FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs).

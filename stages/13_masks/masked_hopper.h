@@ -1,7 +1,8 @@
 /// \file masked_hopper.h
 /// \brief Stage 13 on Hopper: the forward under a block mask and score modifiers (sliding
 /// window, documents, ALiBi, soft-cap, sinks) on stage 10's warp-specialized persistent
-/// kernel. Plain C++: the tests and the benchmark include it.
+/// kernel, and its backward on stage 11's design. Plain C++: the tests and the benchmark
+/// include it.
 #pragma once
 
 #include <cuda_runtime_api.h>
