@@ -249,6 +249,7 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
                      const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV, float* dsinks,
                      cudaStream_t stream) {
   check_request(p, m, dtype);
+  require_grid_rows(kStageName, p);  // one grid row per kv head, one layer per batch
   const bool sinks = !m.sinks.empty();
   if (sinks && dsinks == nullptr)
     throw std::invalid_argument(std::string(kStageName) + ": dsinks is null, but the modifiers have sinks (their gradient goes there)");
