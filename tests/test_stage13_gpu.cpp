@@ -1,5 +1,5 @@
-// Stage 13 on Hopper (masked_hopper.h): the GPU forward under the modifiers against the
-// float64 mask reference (common/mask_reference.h).
+// Stage 13 on Hopper (masked_hopper.h): the GPU forward and backward under the modifiers
+// against the float64 mask reference (common/mask_reference.h).
 //
 // Test suite "cpu" (every machine): the kernel's document mask (document_mask.h) against the
 // reference's mask_keeps() element by element — no visible key in a tile that is not loaded,
@@ -12,6 +12,10 @@
 // GQA; a batch of two. Outputs are poisoned first, so a row not written fails. Each output
 // is allowed twice the error of a same-precision baseline (the formulas with the inputs and
 // P rounded to the dtype) plus the floor, compare.h's policy. A refusal writes nothing.
+// The backward runs on the GPU forward's O and L: dQ, dK, dV and dsinks against the reference's
+// backward, over the same kinds of cases, with a 16-bit baseline of its own (P, O, dS rounded
+// where a tensor-core kernel rounds them); its query-tile range is checked on the CPU against
+// classify() and keep().
 //
 // Without a GPU only the "cpu" suite runs, then the program exits 77 (skipped).
 // FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs).
@@ -139,6 +143,88 @@ fa::MaskedReference baseline_16bit(const Problem& p, const Modifiers& m, const f
   return r;
 }
 
+// The backward's same-precision baseline: the definitions in float on the inputs (and dO)
+// rounded to `dtype`, with what a tensor-core kernel rounds rounded too — P before P·V and
+// dV, O before D, dS before dQ and dK. Its distance from the exact reference is the budget.
+fa::MaskedReference baseline_backward_16bit(const Problem& p, const Modifiers& m, const fa::Tensors& t,
+                                            fa::Dtype dtype) {
+  fa::MaskedReference r;
+  r.dQ.assign(size_t(p.q_elems()), 0.0);
+  r.dK.assign(size_t(p.kv_elems()), 0.0);
+  r.dV.assign(size_t(p.kv_elems()), 0.0);
+  r.dsinks.assign(m.sinks.size(), 0.0);
+  const int d = p.head_dim;
+  const float scale = p.softmax_scale();
+  const auto rounded = [&](const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = round_to(dtype, x[i]);
+    return y;
+  };
+  const std::vector<float> Q = rounded(t.Q), K = rounded(t.K), V = rounded(t.V), dO = rounded(t.dO);
+  std::vector<float> s(static_cast<size_t>(p.seq_k)), g(static_cast<size_t>(p.seq_k)), o(static_cast<size_t>(d));
+  std::vector<float> dQ(size_t(p.q_elems()), 0.f), dK(size_t(p.kv_elems()), 0.f), dV(size_t(p.kv_elems()), 0.f);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h) {
+      const int kvh = h / p.group_size();
+      const float sink = m.sinks.empty() ? -INFINITY : m.sinks[size_t(h)];
+      const auto key_at = [&](const std::vector<float>& x, int j) {
+        return &x[size_t((int64_t(b) * p.kv_heads + kvh) * p.seq_k + j) * size_t(d)];
+      };
+      for (int i = 0; i < p.seq_q; ++i) {
+        const size_t q_at = size_t(p.q_offset(b, h, i));
+        float row_max = sink;
+        for (int j = 0; j < p.seq_k; ++j) {
+          s[size_t(j)] = -INFINITY;
+          g[size_t(j)] = 1.f;
+          if (!fa::mask_keeps(p, m, i, j)) continue;
+          const float* k = key_at(K, j);
+          float x = 0;
+          for (int c = 0; c < d; ++c) x += Q[q_at + size_t(c)] * k[c];
+          x *= scale;
+          if (m.softcap > 0) {
+            const float th = std::tanh(x / float(m.softcap));
+            x = float(m.softcap) * th;
+            g[size_t(j)] = 1.f - th * th;
+          }
+          if (!m.alibi_slopes.empty()) x += m.alibi_slopes[size_t(h)] * float(j - fa::diagonal_key(p, m, i));
+          s[size_t(j)] = x;
+          row_max = std::max(row_max, x);
+        }
+        if (row_max == -INFINITY) continue;  // no key, no sink: every gradient of the row is 0
+        float l = m.sinks.empty() ? 0.f : std::exp(sink - row_max);
+        for (int j = 0; j < p.seq_k; ++j) l += std::exp(s[size_t(j)] - row_max);
+        const float L = row_max + std::log(l);
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int j = 0; j < p.seq_k; ++j) {
+          if (s[size_t(j)] == -INFINITY) continue;
+          const float P = round_to(dtype, std::exp(s[size_t(j)] - L));
+          for (int c = 0; c < d; ++c) o[size_t(c)] += P * key_at(V, j)[c];
+        }
+        float D = 0;
+        for (int c = 0; c < d; ++c) D += dO[q_at + size_t(c)] * round_to(dtype, o[size_t(c)]);
+        if (!m.sinks.empty()) r.dsinks[size_t(h)] -= double(std::exp(sink - L) * D);
+        for (int j = 0; j < p.seq_k; ++j) {
+          if (s[size_t(j)] == -INFINITY) continue;
+          const float P = std::exp(s[size_t(j)] - L);
+          const float* v = key_at(V, j);
+          float dP = 0;
+          for (int c = 0; c < d; ++c) dP += dO[q_at + size_t(c)] * v[c];
+          const float dS = round_to(dtype, P * (dP - D) * g[size_t(j)]), P16 = round_to(dtype, P);
+          const size_t kv_at = size_t(key_at(K, j) - K.data());
+          for (int c = 0; c < d; ++c) {
+            dV[kv_at + size_t(c)] += P16 * dO[q_at + size_t(c)];
+            dK[kv_at + size_t(c)] += scale * dS * Q[q_at + size_t(c)];
+            dQ[q_at + size_t(c)] += scale * dS * K[kv_at + size_t(c)];
+          }
+        }
+      }
+    }
+  std::copy(dQ.begin(), dQ.end(), r.dQ.begin());
+  std::copy(dK.begin(), dK.end(), r.dK.begin());
+  std::copy(dV.begin(), dV.end(), r.dV.begin());
+  return r;
+}
+
 // ---- running the GPU forward ------------------------------------------------------------
 
 struct DeviceTensors {
@@ -198,6 +284,58 @@ void expect_pass(const std::string& name, Problem p, const Modifiers& m) {
       p.head_dim = d;
       const fa::CheckReport r = run_and_check(p, m, dtype);
       INFO(name, " | ", p.describe(), " | ", m.describe(), " | ", fa::dtype_name(dtype), "\n", r.summary());
+      CHECK(r.pass());
+    }
+}
+
+// ---- running the GPU backward -----------------------------------------------------------
+
+// The forward on the GPU, then the backward on its O and L; dQ, dK, dV (and dsinks) against
+// the exact masked reference, each allowed twice the error of baseline_backward_16bit plus
+// the floor. Gradients are poisoned first, so an element not written fails.
+fa::CheckReport run_and_check_backward(const Problem& p, const Modifiers& m, fa::Dtype dtype, uint64_t seed = 7) {
+  fa::Tensors t = fa::Tensors::make(p, seed, fa::Dist::Normal, true);
+  DeviceTensors dev(p);
+  const size_t q_bytes = std::max<size_t>(16, size_t(p.q_elems()) * 2), kv_bytes = std::max<size_t>(16, size_t(p.kv_elems()) * 2);
+  fa::DeviceBuffer dO(q_bytes, "dO"), dQ(q_bytes, "dQ"), dK(kv_bytes, "dK"), dV(kv_bytes, "dV");
+  fa::DeviceBuffer dsinks(std::max<size_t>(16, size_t(p.heads) * 4), "dsinks");
+  fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
+  fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
+  fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
+  fa::upload(dtype, t.dO.data(), dO.get(), p.q_elems(), nullptr);
+  dev.poison();
+  for (const fa::DeviceBuffer* b : {&dQ, &dK, &dV, &dsinks}) FA_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));
+  s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
+  s13::backward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), dO.get(),
+                       dQ.get(), dK.get(), dV.get(), m.sinks.empty() ? nullptr : dsinks.as<float>(), nullptr);
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  fa::download(dtype, dQ.get(), t.dQ.data(), p.q_elems(), nullptr);
+  fa::download(dtype, dK.get(), t.dK.data(), p.kv_elems(), nullptr);
+  fa::download(dtype, dV.get(), t.dV.data(), p.kv_elems(), nullptr);
+  std::vector<float> got_dsinks(size_t(p.heads));
+  FA_CUDA_CHECK(cudaMemcpy(got_dsinks.data(), dsinks.get(), got_dsinks.size() * 4, cudaMemcpyDeviceToHost));
+  const fa::MaskedReference exact =
+      fa::reference_backward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+  const fa::MaskedReference base = baseline_backward_16bit(p, m, t, dtype);
+  fa::CheckReport r;
+  const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, kv{p.batch, p.kv_heads, p.seq_k, p.head_dim};
+  r.items.push_back(fa::compare("dQ", t.dQ.data(), exact.dQ, q, fa::tolerance(exact.dQ, base.dQ, dtype)));
+  r.items.push_back(fa::compare("dK", t.dK.data(), exact.dK, kv, fa::tolerance(exact.dK, base.dK, dtype)));
+  r.items.push_back(fa::compare("dV", t.dV.data(), exact.dV, kv, fa::tolerance(exact.dV, base.dV, dtype)));
+  if (!m.sinks.empty())
+    r.items.push_back(fa::compare("dsinks", got_dsinks.data(), exact.dsinks, {1, 1, 1, p.heads},
+                                  fa::tolerance(exact.dsinks, base.dsinks, dtype)));
+  return r;
+}
+
+// Every head dim and dtype; in FA_TEST_SMALL mode (compute-sanitizer) bf16 only.
+void expect_backward_pass(const std::string& name, Problem p, const Modifiers& m) {
+  for (int d : s13::kHopperHeadDims)
+    for (fa::Dtype dtype : {fa::Dtype::BF16, fa::Dtype::F16}) {
+      if (small() && dtype == fa::Dtype::F16) continue;
+      p.head_dim = d;
+      const fa::CheckReport r = run_and_check_backward(p, m, dtype);
+      INFO("backward ", name, " | ", p.describe(), " | ", m.describe(), " | ", fa::dtype_name(dtype), "\n", r.summary());
       CHECK(r.pass());
     }
 }
@@ -267,6 +405,39 @@ TEST_SUITE("cpu") {
     CHECK(tiles > 1000);
   }
 
+  TEST_CASE("13 hopper backward: the query tiles of a key tile are exactly those that see it") {
+    // query_tile_range (two binary searches) against classify() over every query tile, and
+    // against the reference's mask: a tile outside the range sees no key of the key tile.
+    int64_t pairs = 0;
+    for (bool causal : {false, true})
+      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}, {1000, 1000}})
+        for (auto [n_q, n_k] : {std::pair{1, 1}, {300, 300}, {130, 517}, {517, 130}, {64, 0}, {0, 64}, {700, 129}}) {
+          int right = wr >= 0 ? wr : s13::kNoBound;
+          if (causal) right = std::min(right, 0);
+          const s13::DocumentMask mask{n_q, n_k, wl >= 0 ? wl : s13::kNoBound, right};
+          for (int B_r : {64, 128})
+            for (int j = 0; j * 128 < n_k; ++j) {
+              const s13::KeyTileRange range = mask.query_tile_range(j, B_r, 128);
+              CAPTURE(causal);
+              CAPTURE(n_q);
+              CAPTURE(n_k);
+              CAPTURE(wl);
+              CAPTURE(wr);
+              CAPTURE(B_r);
+              CAPTURE(j);
+              for (int i = 0; i * B_r < n_q; ++i) {
+                const bool inside = range.first <= i && i < range.end;
+                CHECK(inside == (mask.classify(i * B_r, B_r, j, 128) != s13::GpuTileKind::Skip));
+                if (!inside)
+                  for (int row = i * B_r; row < std::min((i + 1) * B_r, n_q); ++row)
+                    for (int k = j * 128; k < std::min((j + 1) * 128, n_k); ++k) REQUIRE(!mask.keep(row, k));
+                ++pairs;
+              }
+            }
+        }
+    CHECK(pairs > 1000);
+  }
+
   TEST_CASE("13 hopper: a window skips the key tiles outside the band") {
     Problem p = make(1, 2, 2, 4096, 4096, 128, true);
     Modifiers m;
@@ -314,6 +485,28 @@ TEST_SUITE("cpu") {
     m = documents({40, 60}, {40, 60});
     CHECK(refuse_in(make(2, 4, 2, 100, 100, 128, true), m, fa::Dtype::BF16).find("13_masks: batch = 2 with cu_seqlens") !=
           std::string::npos);
+  }
+
+  TEST_CASE("13 hopper backward: bad input is refused by name before the device is touched") {
+    const Problem p = make(1, 4, 2, 100, 100, 128, true);
+    const auto refuse_in = [](const Problem& q, const Modifiers& m, fa::Dtype dtype) {
+      return refusal([&] {
+        s13::backward_hopper(q, m, dtype, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                             nullptr, nullptr);
+      });
+    };
+    Modifiers m = documents({40, 60}, {40, 60});
+    m.cu_seqlens_k = {0, 50, 30};
+    CHECK(refuse_in(p, m, fa::Dtype::BF16).find("13_masks: cu_seqlens_k decreases at entry 2") != std::string::npos);
+    m = Modifiers{};
+    m.alibi_slopes = fa::alibi_slopes(3);
+    CHECK(refuse_in(p, m, fa::Dtype::BF16).find("13_masks: alibi_slopes has 3 entries") != std::string::npos);
+    m = Modifiers{};
+    m.sinks = sink_logits(4);
+    CHECK(refuse_in(p, m, fa::Dtype::BF16).find("13_masks: dsinks is null") != std::string::npos);
+    CHECK(refuse_in(p, Modifiers{}, fa::Dtype::F32).find("13_masks: dtype f32") != std::string::npos);
+    CHECK(refuse_in(make(1, 4, 2, 100, 100, 256, true), Modifiers{}, fa::Dtype::BF16)
+              .find("13_masks: head_dim = 256 is not supported (supported: 64, 128)") != std::string::npos);
   }
 }
 
@@ -383,6 +576,78 @@ TEST_CASE("13 hopper: combinations") {
   Modifiers tail = documents({100, 0, 50}, {120, 7, 50});  // rows past the last document: O = 0, L = σ
   tail.sinks = sink_logits(2);
   expect_pass("documents + sinks, rows past the end", make(1, 2, 2, 200, 200, 128, true), tail);
+}
+
+TEST_CASE("13 hopper backward: no modifier, windows, GQA, batch 2") {
+  expect_backward_pass("plain", make(1, 2, 2, 333, 517, 128, false), Modifiers{});
+  expect_backward_pass("causal, N_q > N_k", make(1, 2, 1, 520, 250, 128, true), Modifiers{});
+  Modifiers w;
+  w.window_left = 0, w.window_right = 0;
+  expect_backward_pass("window 0 (the diagonal alone)", make(1, 2, 2, 300, 300, 128, true), w);
+  w.window_left = 100, w.window_right = 37;
+  expect_backward_pass("two-sided window (100, 37)", make(1, 2, 2, 500, 450, 128, false), w);
+  w.window_left = 5000, w.window_right = 5000;
+  expect_backward_pass("window >= N", make(1, 2, 2, 300, 300, 128, true), w);
+  if (!small()) {
+    Modifiers c64;
+    c64.window_left = 64;
+    expect_backward_pass("causal window 64, GQA", make(1, 4, 2, 600, 600, 128, true), c64);
+    expect_backward_pass("batch 2, GQA", make(2, 4, 2, 400, 400, 128, true), Modifiers{});
+  }
+}
+
+TEST_CASE("13 hopper backward: documents (variable length)") {
+  expect_backward_pass("documents, causal, empty and one-token ones", make(1, 2, 2, 694, 694, 128, true),
+                       documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200}));
+  // Unequal query and key lengths, a document with no keys, rows and keys past the last one.
+  expect_backward_pass("uneven documents, rows and keys past the end", make(1, 2, 2, 280, 450, 128, true),
+                       documents({5, 200, 0, 33, 1}, {17, 150, 3, 0, 250}));
+  if (!small()) {
+    Modifiers m = documents({256, 1, 511, 0}, {256, 1, 511, 0});
+    m.window_left = 100;
+    expect_backward_pass("documents + causal window", make(1, 2, 2, 768, 768, 128, true), m);
+  }
+}
+
+TEST_CASE("13 hopper backward: soft-capping, ALiBi, sinks, combinations") {
+  Modifiers cap;
+  cap.softcap = 30;
+  expect_backward_pass("softcap 30", make(1, 2, 2, 300, 400, 128, true), cap);
+  cap.softcap = 0.05;  // |s| ≫ cap: tanh saturates, its derivative near 0
+  expect_backward_pass("softcap 0.05", make(1, 2, 2, 300, 400, 128, false), cap);
+  Modifiers alibi;
+  alibi.alibi_slopes = fa::alibi_slopes(4);
+  expect_backward_pass("alibi causal", make(1, 4, 2, 400, 400, 128, true), alibi);
+  Modifiers sinks;
+  sinks.sinks = sink_logits(4);
+  expect_backward_pass("sinks", make(1, 4, 2, 300, 300, 128, true), sinks);
+  Modifiers m = documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200});
+  m.window_left = 40, m.softcap = 5, m.alibi_slopes = fa::alibi_slopes(4), m.sinks = sink_logits(4);
+  expect_backward_pass("documents + window + softcap + alibi + sinks", make(1, 4, 2, 700, 700, 128, true), m);
+  if (!small()) {
+    Modifiers two_sided;
+    two_sided.window_left = 70, two_sided.window_right = 20, two_sided.sinks = sink_logits(2);
+    two_sided.alibi_slopes = fa::alibi_slopes(2), two_sided.softcap = 2;
+    expect_backward_pass("two-sided window + softcap + alibi + sinks", make(1, 2, 2, 500, 500, 128, false), two_sided);
+    Modifiers tail = documents({100, 0, 50}, {120, 7, 50});  // rows past the last document
+    tail.sinks = sink_logits(2);
+    expect_backward_pass("documents + sinks, rows past the end", make(1, 2, 2, 200, 200, 128, true), tail);
+  }
+}
+
+TEST_CASE("13 hopper backward: a refusal writes nothing") {
+  const Problem p = make(1, 2, 2, 128, 128, 128, true);
+  DeviceTensors dev(p);
+  dev.poison();  // O is the stand-in for dQ here: all ones
+  Modifiers m;
+  m.sinks = sink_logits(2);
+  CHECK(refusal([&] {
+          s13::backward_hopper(p, m, fa::Dtype::BF16, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(),
+                               dev.L.as<float>(), dev.Q.get(), dev.O.get(), dev.K.get(), dev.V.get(), nullptr, nullptr);
+        }).find("dsinks is null") != std::string::npos);
+  std::vector<unsigned char> o(dev.O.bytes());
+  FA_CUDA_CHECK(cudaMemcpy(o.data(), dev.O.get(), o.size(), cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(o.begin(), o.end(), [](unsigned char b) { return b == 0xff; }));
 }
 
 TEST_CASE("13 hopper: calls queued back to back, each with its own table") {

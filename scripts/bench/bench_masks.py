@@ -13,6 +13,11 @@ median of 10 such runs after warm-up (the stage's program times itself the same 
 floating-point operations per call, the same count for every implementation, so TFLOP/s
 compares useful work.
 
+With --backward: a forward and a backward per call (the stage's forward_hopper then
+backward_hopper; flex_attention's compiled forward then its backward through
+torch.autograd.grad), work 3.5 times the forward's (the backward's five products against the
+forward's two); the stage's backward alone goes into its note. SDPA is not timed then.
+
 Columns: device,commit,date,impl,seq,heads,head_dim,mask,ms,tflops,note
 """
 import argparse
@@ -76,15 +81,20 @@ def dense_mask(n, mask_mod):
     return mask_mod(0, 0, q, k)
 
 
-def run_stage13(binary, n, window, lengths):
+def run_stage13(binary, n, window, lengths, backward=False):
     args = [binary, "--seq", str(n), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--causal"]
+    if backward:
+        args += ["--backward"]
     if window is not None:
         args += ["--window-left", str(window)]
     if lengths:
         args += ["--seqlens", ",".join(map(str, lengths))]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     fields = dict(f.split("=") for f in out.split())
-    return float(fields["ms"]), f"tiles skip {fields['tiles_skip']} full {fields['tiles_full']} partial {fields['tiles_partial']}"
+    note = f"tiles skip {fields['tiles_skip']} full {fields['tiles_full']} partial {fields['tiles_partial']}"
+    if backward:
+        note += f"; backward alone {fields['bwd_ms']} ms"
+    return float(fields["ms"]), note
 
 
 def main():
@@ -92,6 +102,7 @@ def main():
     ap.add_argument("--bench13", required=True, help="the stage's timing program (bench13_hopper)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--backward", action="store_true", help="time forward + backward")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     commit = os.environ.get("FA_COMMIT", "unknown")
@@ -103,12 +114,29 @@ def main():
     for n in args.seqs:
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for name, window, lengths in masks(n):
-            flops = 4.0 * HEAD_DIM * visible_pairs(n, window, lengths) * HEADS
+            flops = 4.0 * HEAD_DIM * visible_pairs(n, window, lengths) * HEADS * (3.5 if args.backward else 1.0)
             results = []
-            ms, note = run_stage13(args.bench13, n, window, lengths)
+            ms, note = run_stage13(args.bench13, n, window, lengths, args.backward)
             results.append(("stage13_hopper", ms, note))
             mask_mod = mask_mod_for(n, window, lengths)
             block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
+            if args.backward:
+                qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+                do = torch.randn_like(q)
+
+                def forward_backward():
+                    out = flex(qg, kg, vg, block_mask=block_mask)
+                    torch.autograd.grad(out, (qg, kg, vg), do)
+
+                results.append(("flex_attention", time_ms(forward_backward),
+                                f"forward + backward; block mask sparsity {block_mask.sparsity():.1f}%"))
+                for impl, ms, note in results:
+                    row = [device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
+                           f"{flops / (ms * 1e-3) / 1e12:.1f}", note]
+                    w.writerow(row)
+                    out.flush()
+                    print(",".join(map(str, row)), flush=True)
+                continue
             results.append(("flex_attention", time_ms(lambda: flex(q, k, v, block_mask=block_mask)),
                             f"block mask sparsity {block_mask.sparsity():.1f}%"))
             dense = dense_mask(n, mask_mod)

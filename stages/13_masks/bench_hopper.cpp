@@ -1,12 +1,15 @@
-// Stage 13 on Hopper, timed: one masked forward, and the useful work (the visible (query,
-// key) pairs) it did per second. Time: CUDA events around --calls calls in a row (10: the
+// Stage 13 on Hopper, timed: one masked forward (with --backward: a forward and a backward),
+// and the useful work (the visible (query, key) pairs) it did per second. Time: CUDA events around --calls calls in a row (10: the
 // host prepares a call while the GPU runs the one before), per call, median of --repeats
 // such runs. The benchmark script
 // (scripts/bench/bench_masks.py) runs it beside flex_attention and SDPA.
 //
 //   bench13_hopper --seq 16384 --heads 16 --head-dim 128 --causal --window-left 1024
 //   bench13_hopper --seq 16384 --seqlens 300,2000,... --causal          (documents)
-// Prints one line: "ms=<median> tflops=<4·d·visible pairs·heads / time>".
+//   bench13_hopper --seq 16384 --causal --window-left 1024 --backward
+// Prints one line: "ms=<median> tflops=<4·d·visible pairs·heads / time>"; with --backward ms
+// is forward + backward, tflops counts 3.5× the forward's work (the backward's five products
+// against the forward's two), and bwd_ms is the backward alone.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +33,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqlens;
   int repeats = 10, calls = 10;
   std::string dtype_name = "bf16";
+  bool backward = false;
   app.add_option("--seq", p.seq_q, "tokens (queries = keys)");
   app.add_option("--heads", p.heads, "query heads (= kv heads)");
   app.add_option("--head-dim", p.head_dim, "d");
@@ -40,6 +44,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed runs")->check(CLI::PositiveNumber);
   app.add_option("--calls", calls, "calls in a row per timed run")->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype_name, "bf16 or f16");
+  app.add_flag("--backward", backward, "time forward + backward (and the backward alone)");
   CLI11_PARSE(app, argc, argv);
   try {
     p.seq_k = p.seq_q;
@@ -69,27 +74,48 @@ int main(int argc, char** argv) {
     fa::fill_random(dtype, Q.get(), int64_t(elems), 1, nullptr);
     fa::fill_random(dtype, K.get(), int64_t(elems), 2, nullptr);
     fa::fill_random(dtype, V.get(), int64_t(elems), 3, nullptr);
-    const auto run = [&] { fa::stage13::forward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr); };
-    for (int i = 0; i < 3; ++i) run();
-    std::vector<float> ms;
+    fa::DeviceBuffer dO(backward ? elems * 2 : 16, "dO"), dQ(backward ? elems * 2 : 16, "dQ");
+    fa::DeviceBuffer dK(backward ? elems * 2 : 16, "dK"), dV(backward ? elems * 2 : 16, "dV");
+    if (backward) fa::fill_random(dtype, dO.get(), int64_t(elems), 4, nullptr);
+    const auto forward = [&] {
+      fa::stage13::forward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr);
+    };
+    const auto backward_only = [&] {
+      fa::stage13::backward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), dO.get(), dQ.get(),
+                                   dK.get(), dV.get(), nullptr, nullptr);
+    };
     cudaEvent_t a, b;
     FA_CUDA_CHECK(cudaEventCreate(&a));
     FA_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < repeats; ++i) {
-      FA_CUDA_CHECK(cudaEventRecord(a));
-      for (int c = 0; c < calls; ++c) run();
-      FA_CUDA_CHECK(cudaEventRecord(b));
-      FA_CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      FA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      ms.push_back(t / float(calls));
+    const auto median_ms = [&](const auto& run) {
+      for (int i = 0; i < 3; ++i) run();
+      std::vector<float> ms;
+      for (int i = 0; i < repeats; ++i) {
+        FA_CUDA_CHECK(cudaEventRecord(a));
+        for (int c = 0; c < calls; ++c) run();
+        FA_CUDA_CHECK(cudaEventRecord(b));
+        FA_CUDA_CHECK(cudaEventSynchronize(b));
+        float t = 0;
+        FA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t / float(calls));
+      }
+      std::sort(ms.begin(), ms.end());
+      return double(ms[ms.size() / 2]);
+    };
+    double median = 0, bwd_ms = 0, work = 4.0 * p.head_dim * pairs * p.heads;
+    if (backward) {
+      forward();  // O and L for the backward alone
+      bwd_ms = median_ms(backward_only);
+      median = median_ms([&] { forward(), backward_only(); });
+      work *= 3.5;
+    } else {
+      median = median_ms(forward);
     }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
     const fa::stage13::HopperTileCounts tiles = fa::stage13::count_hopper_tiles(p, m);
-    std::printf("ms=%.4f tflops=%.1f tiles_skip=%lld tiles_full=%lld tiles_partial=%lld\n", median,
-                4.0 * p.head_dim * pairs * p.heads / (median * 1e-3) / 1e12, (long long)tiles.skip,
-                (long long)tiles.full, (long long)tiles.partial);
+    std::printf("ms=%.4f tflops=%.1f tiles_skip=%lld tiles_full=%lld tiles_partial=%lld", median,
+                work / (median * 1e-3) / 1e12, (long long)tiles.skip, (long long)tiles.full, (long long)tiles.partial);
+    if (backward) std::printf(" bwd_ms=%.4f", bwd_ms);
+    std::printf("\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -73,6 +73,33 @@ struct DocumentMask {
     return lo(r1) <= c0 && hi(row0) >= c1 ? GpuTileKind::Full : GpuTileKind::Partial;
   }
   //! [document mask]
+
+  //! [query tile range]
+  /// The backward's question, the transpose of key_tile_range: the query tiles of B_r rows
+  /// (tile i: rows [i·B_r, (i + 1)·B_r)) whose classify() of key tile j is not Skip. Both ends
+  /// of key_tile_range never decrease from one query tile to the next (and the tiles whose
+  /// rows see nothing come first), so the tiles that skip j because they end before it form
+  /// a prefix, those that start after it a suffix, and the range is what lies between: two
+  /// binary searches.
+  FA13_HOST_DEVICE KeyTileRange query_tile_range(int j, int B_r, int B_c) const {
+    const int tiles = (n_q + B_r - 1) / B_r;
+    // The first tile for which `after(i)` holds, `after` false then true along the tiles.
+    auto first_where = [&](auto after) {
+      int lo_i = 0, hi_i = tiles;
+      while (lo_i < hi_i) {
+        const int mid = (lo_i + hi_i) / 2;
+        if (after(mid)) hi_i = mid; else lo_i = mid + 1;
+      }
+      return lo_i;
+    };
+    const int first = first_where([&](int i) { return key_tile_range(i * B_r, B_r, B_c).end > j; });
+    const int end = first_where([&](int i) {
+      const KeyTileRange r = key_tile_range(i * B_r, B_r, B_c);
+      return r.count() > 0 && r.first > j;
+    });
+    return end > first ? KeyTileRange{first, end} : KeyTileRange{0, 0};
+  }
+  //! [query tile range]
 };
 
 }  // namespace fa::stage13

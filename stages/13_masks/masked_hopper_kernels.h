@@ -1,6 +1,9 @@
 // Stage 13 on Hopper: the compiled kernels (masked_hopper.cu) as the launcher sees them.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include "masked_params.h"
 #include "problem.h"
 #include "step_kernel.h"
 
@@ -9,5 +12,12 @@ namespace fa::stage13 {
 /// The forward kernel for head dim d (64, 128) and dtype (bf16, f16) with the score functor
 /// the modifiers need: none, soft-cap, ALiBi, or both. Throws for another d or dtype.
 StepKernel masked_hopper_kernel(int d, Dtype dtype, bool softcap, bool alibi);
+
+/// The backward kernel for head dim d (64, 128) and dtype (bf16, f16): one block per (key
+/// tile, kv head, batch), the score modifiers chosen at run time (masked_hopper_bwd.cu).
+StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype);
+/// Around it: D, L2 (and dσ) into the padded scratch before; dQ from dQ_accum after.
+void launch_masked_prep(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);
+void launch_masked_convert_dq(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);
 
 }  // namespace fa::stage13

@@ -244,4 +244,125 @@ void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const voi
   FA_CHECK_LAUNCH("13_masks hopper forward");
 }
 
+//! [backward launch]
+void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const void* Q, const void* K, const void* V,
+                     const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV, float* dsinks,
+                     cudaStream_t stream) {
+  check_request(p, m, dtype);
+  require_grid_rows(kStageName, p);  // one grid row per kv head, one layer per batch
+  const bool sinks = !m.sinks.empty();
+  if (sinks && dsinks == nullptr)
+    throw std::invalid_argument(std::string(kStageName) + ": dsinks is null, but the modifiers have sinks (their gradient goes there)");
+  const char* why = "TMA reads and the kernels write 16-byte-aligned global memory";
+  if (p.q_elems() > 0) {
+    for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"Q", Q}, {"O", O}, {"dO", dO}, {"dQ", dQ}})
+      require_device_pointer(kStageName, name, ptr, 16, why);
+    require_device_pointer(kStageName, "L", L, alignof(float), "L is fp32");
+  }
+  if (p.kv_elems() > 0)
+    for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"K", K}, {"V", V}, {"dK", dK}, {"dV", dV}})
+      require_device_pointer(kStageName, name, ptr, 16, why);
+  if (sinks) require_device_pointer(kStageName, "dsinks", dsinks, alignof(float), "dsinks is fp32");
+  if (p.q_elems() == 0 && p.kv_elems() == 0) return;
+  require_hopper(kStageName);
+
+  const int d = p.head_dim;
+  if (sinks) FA_CUDA_CHECK(cudaMemsetAsync(dsinks, 0, size_t(p.heads) * sizeof(float), stream));
+  if (p.q_elems() == 0 || p.kv_elems() == 0) {  // nothing is seen: every gradient is 0
+    if (p.q_elems() > 0) FA_CUDA_CHECK(cudaMemsetAsync(dQ, 0, size_t(p.q_elems()) * 2, stream));
+    if (p.kv_elems() > 0) {
+      FA_CUDA_CHECK(cudaMemsetAsync(dK, 0, size_t(p.kv_elems()) * 2, stream));
+      FA_CUDA_CHECK(cudaMemsetAsync(dV, 0, size_t(p.kv_elems()) * 2, stream));
+    }
+    return;
+  }
+  const StepKernel k = masked_hopper_bwd_kernel(d, dtype);
+
+  // The documents of the forward's work list, and the keys past the last document as one
+  // more with no queries (their dK, dV are 0, written by that document's blocks).
+  Documents docs = documents_of(p, m);
+  if (docs.cu_k.back() < p.seq_k) {
+    docs.cu_q.push_back(docs.cu_q.back());
+    docs.cu_k.push_back(int(p.seq_k));
+  }
+  const size_t n_docs = docs.cu_q.size() - 1;
+  std::vector<int> pad_first{0}, first_key_tile{0};
+  for (size_t i = 0; i < n_docs; ++i) {
+    const int n_q = docs.cu_q[i + 1] - docs.cu_q[i], n_k = docs.cu_k[i + 1] - docs.cu_k[i];
+    pad_first.push_back(pad_first.back() + (n_q + kDocumentPad - 1) / kDocumentPad * kDocumentPad);
+    first_key_tile.push_back(first_key_tile.back() + (n_k + k.block_cols - 1) / k.block_cols);
+  }
+  const int64_t n_pad = pad_first.back(), heads_total = int64_t(p.batch) * p.heads;
+  if (n_pad >= kNoBound)
+    throw std::invalid_argument(std::string(kStageName) + ": the padded scratch of " + std::to_string(n_pad) +
+                                " rows per head is too large");
+
+  // One upload: the document table (cu_q | cu_k | pad_first | first_key_tile), then the
+  // slopes and sinks. One scratch: L2 and D [heads_total][n_pad], then dQ_accum.
+  std::vector<int32_t> ints;
+  for (const std::vector<int>* column : {&docs.cu_q, &docs.cu_k, &pad_first, &first_key_tile})
+    ints.insert(ints.end(), column->begin(), column->end());
+  while (ints.size() % 4) ints.push_back(0);  // the floats after it stay 16-byte aligned
+  std::vector<float> floats(m.alibi_slopes);
+  floats.insert(floats.end(), m.sinks.begin(), m.sinks.end());
+  const size_t table_bytes = ints.size() * 4 + floats.size() * 4;
+  const size_t stat_elems = size_t(heads_total * n_pad);
+  const Scratch table(table_bytes, stream, kStageName, "the document table");
+  const Scratch scratch(stat_elems * (2 + size_t(d)) * sizeof(float), stream, kStageName, "L2, D, dQ_accum");
+  unsigned char* staged = staging_buffer(table_bytes);
+  std::memcpy(staged, ints.data(), ints.size() * 4);
+  if (!floats.empty()) std::memcpy(staged + ints.size() * 4, floats.data(), floats.size() * 4);
+  FA_CUDA_CHECK(cudaMemcpyAsync(table.data(), staged, table_bytes, cudaMemcpyHostToDevice, stream));
+  staged_on(stream);
+  const auto* dev_ints = static_cast<const int32_t*>(table.data());
+  const auto* dev_floats = reinterpret_cast<const float*>(dev_ints + ints.size());
+
+  MaskedBwdParams params{};
+  const int64_t kv_total = int64_t(p.batch) * p.kv_heads;
+  params.map_q = hopper::make_tensor_map(Q, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "Q");
+  params.map_do = hopper::make_tensor_map(dO, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "dO");
+  params.map_k = hopper::make_tensor_map(K, dtype, d, int(p.seq_k), kv_total, k.block_cols, kStageName, "K");
+  params.map_v = hopper::make_tensor_map(V, dtype, d, int(p.seq_k), kv_total, k.block_cols, kStageName, "V");
+  params.O = O;
+  params.dO = dO;
+  params.L = L;
+  params.L2 = scratch.floats();
+  params.D = scratch.floats() + stat_elems;
+  params.dQ_accum = scratch.floats() + 2 * stat_elems;
+  params.dQ = dQ;
+  params.dK = dK;
+  params.dV = dV;
+  params.dsinks = sinks ? dsinks : nullptr;
+  params.batch = int(p.batch);
+  params.heads = int(p.heads);
+  params.kv_heads = int(p.kv_heads);
+  params.seq_q = int(p.seq_q);
+  params.seq_k = int(p.seq_k);
+  params.n_pad = int(n_pad);
+  params.documents = int(n_docs);
+  params.cu_q = dev_ints;
+  params.cu_k = params.cu_q + (n_docs + 1);
+  params.pad_first = params.cu_k + (n_docs + 1);
+  params.first_key_tile = params.pad_first + (n_docs + 1);
+  const DocumentMask any = mask_of(p, m, docs, 0);  // the window is the same for every document
+  params.window_left = any.window_left;
+  params.window_right = any.window_right;
+  params.alibi_slopes = m.alibi_slopes.empty() ? nullptr : dev_floats;
+  params.sinks = sinks ? dev_floats + m.alibi_slopes.size() : nullptr;
+  params.softcap = float(m.softcap);
+  params.scale = p.softmax_scale();
+  params.scale_log2 = params.scale * float(M_LOG2E);
+
+  FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, stat_elems * size_t(d) * sizeof(float), stream));
+  launch_masked_prep(params, dtype, d, stream);
+  const dim3 grid(unsigned(first_key_tile.back()), unsigned(p.kv_heads), unsigned(p.batch));
+  if (first_key_tile.back() > 0) {
+    void* args[] = {&params};
+    launch(k, grid, args, stream);
+    FA_CHECK_LAUNCH("13_masks hopper backward");
+  }
+  launch_masked_convert_dq(params, dtype, d, stream);
+}
+//! [backward launch]
+
 }  // namespace fa::stage13

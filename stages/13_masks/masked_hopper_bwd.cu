@@ -1,0 +1,379 @@
+// Stage 13 on Hopper — the backward under masks and score modifiers, on stage 11's design:
+// one block per (key tile of B_c = 128 keys, kv head, batch), a producer warp streaming the
+// query tiles Q_i, dO_i (TMA) and their statistics L2_i, D_i (bulk copies) past the block's
+// K_j, V_j, and two consumer warpgroups of 64 keys each computing Sᵀ and dPᵀ by wgmma, Pᵀ
+// and dSᵀ on register fragments for dV and dK, and dQ_i = dS·K_j from dSᵀ in shared memory.
+//
+// What changed from stage 11, and why:
+//  - the mask. Key tiles are counted per document (the grid's x runs over the key tiles of
+//    all documents), and the query tiles a block visits are the transpose of the forward's
+//    question: DocumentMask::query_tile_range, the tiles whose classify() of this key tile
+//    is not Skip — the same classify the forward asks, so a pair the forward skips is
+//    skipped here. A step is computed unmasked when classify says Full and the query tile
+//    ends inside the document; otherwise P = 0 wherever keep() says no (and for rows past the
+//    document's end, which belong to the next document).
+//  - the score. With s the raw product and x = scale·s, the forward's logit is
+//      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
+//    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
+//      dS = P∘(dP − D)∘f'     (the gradient with respect to x; dK, dQ take the scale as in stage 11)
+//    The score is a uniform run-time choice here (the forward's functors are compile-time):
+//    one kernel per head dim and dtype.
+//  - sinks. L already holds the sink (the forward's epilogue), so P is right as it stands;
+//    dσ_h = −Σ_rows e^{σ_h − L_i}·D_i is summed by the preprocess kernel, which has D_i.
+//  - the scratch (L2, D, dQ_accum) is padded per document (kDocumentPad rows), so a query
+//    tile of a document is one aligned run: the statistics arrive by bulk copies as in
+//    stage 11, and dQ is added by red.global.add (stage 11's step 11c) into the padded rows.
+//
+//   producer (thread 0): K_j, V_j;  for n in steps: wait empty;  Q_i, dO_i, L2_i, D_i → full
+//   consumer c (keys [64c, 64c + 64) of the tile), for n in steps:
+//     wait full;  Sᵀ = K_c·Q_iᵀ, dPᵀ = V_c·dO_iᵀ (wgmma, both in flight)
+//     Pᵀ, dSᵀ on fragments (score, mask, derivative);  dSᵀ → shared memory;  both consumers sync
+//     dQ block = dS·K_j (wgmma);  dV += Pᵀ·dO_i, dK += dSᵀ·Q_i (wgmma, register A)
+//     dQ block → dQ_accum (red.add) while dV, dK run;  release the buffer
+//   epilogue: dV, scale·dK, the rows of the document only
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda_utils.h"
+#include "dispatch.cuh"
+#include "hopper/tile_math.cuh"
+#include "hopper/wgmma.cuh"
+#include "masked_bwd_pipeline.cuh"
+#include "masked_hopper_kernels.h"
+#include "step_table.cuh"
+
+namespace fa::stage13 {
+
+using stage10::fast_exp2;
+using stage10::fragment_col;
+using stage10::fragment_row;
+using stage10::pack2;
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// The document of packed query row `row`: the last whose first query is ≤ row (an empty
+/// document shares its first query with the next, which is then chosen).
+__device__ inline int document_of_row(const MaskedBwdParams& p, int row) {
+  int lo = 0, hi = p.documents - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.cu_q[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+/// The document whose padded rows hold padded row `row`.
+__device__ inline int document_of_padded_row(const MaskedBwdParams& p, int row) {
+  int lo = 0, hi = p.documents - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.pad_first[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <class Elem>
+__device__ inline float2 unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
+  else return __half22float2(*reinterpret_cast<__half2*>(&w));
+}
+
+}  // namespace
+
+//! [backward prep]
+/// One warp per padded row of batch·heads·n_pad: D = rowsum(dO∘O) and L2 = L·log2 e of the
+/// packed row it stands for (padding: D = 0, L2 = +inf, so P = 2^{x − inf} = 0 there), and
+/// with sinks the row's share of dσ_h = −Σ e^{σ_h − L}·D.
+template <class Elem, int d>
+__global__ void masked_prep_kernel(const MaskedBwdParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= int64_t(p.batch) * p.heads * p.n_pad) return;
+  const int64_t bh = row / p.n_pad;
+  const int padded = int(row % p.n_pad), doc = document_of_padded_row(p, padded);
+  const int local = padded - p.pad_first[doc];
+  float D = 0.f, L2 = INFINITY;
+  if (local < p.cu_q[doc + 1] - p.cu_q[doc]) {
+    const int64_t packed = bh * p.seq_q + p.cu_q[doc] + local;
+    const auto* O = static_cast<const Elem*>(p.O) + packed * d;
+    const auto* dO = static_cast<const Elem*>(p.dO) + packed * d;
+    float sum = 0.f;
+    for (int chunk = lane; chunk < d / 8; chunk += 32) {  // 8 elements (16 bytes) per lane
+      const uint4 o = reinterpret_cast<const uint4*>(O)[chunk], g = reinterpret_cast<const uint4*>(dO)[chunk];
+      const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = unpack2<Elem>(ow[k]), b = unpack2<Elem>(gw[k]);
+        sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+      }
+    }
+#pragma unroll
+    for (int step = 16; step >= 1; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+    D = sum;
+    const float L = p.L[packed];
+    L2 = L == -INFINITY ? INFINITY : L * kLog2e;
+    if (p.sinks && lane == 0 && D != 0.f) {
+      const int h = int(bh % p.heads);
+      atomicAdd(&p.dsinks[h], -expf(p.sinks[h] - L) * D);
+    }
+  }
+  if (lane == 0) {
+    p.D[row] = D;
+    p.L2[row] = L2;
+  }
+}
+//! [backward prep]
+
+/// dQ = scale·dQ_accum for every packed row (rows no block reached have 0 there): 8
+/// elements per thread.
+template <class Elem, int d>
+__global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
+  const int64_t total = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < total; c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = c / (d / 8), bh = row / p.seq_q;
+    const int i = int(row % p.seq_q), doc = document_of_row(p, i), col = 8 * int(c % (d / 8));
+    const float* src = p.dQ_accum + (bh * p.n_pad + p.pad_first[doc] + (i - p.cu_q[doc])) * d + col;
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    const float s = p.scale;
+    const uint4 out = make_uint4(pack2<Elem>(s * a.x, s * a.y), pack2<Elem>(s * a.z, s * a.w),
+                                 pack2<Elem>(s * b.x, s * b.y), pack2<Elem>(s * b.z, s * b.w));
+    reinterpret_cast<uint4*>(static_cast<Elem*>(p.dQ) + row * d)[c % (d / 8)] = out;
+  }
+}
+
+/// What one step's elementwise math needs to know about the step.
+struct StepScore {
+  bool masked;      ///< apply keep() (a partial pair, or a query tile past the document's end)
+  bool modified;    ///< soft-cap or ALiBi: P from the modified logit
+  float cap, inv_cap, slope;
+  int key0, query0; ///< this warpgroup's first key and the tile's first query, in the document
+};
+
+//! [backward elementwise]
+/// In place, on one warpgroup's fragments of Sᵀ and dPᵀ ([64 keys, B_r queries]: element
+/// 4j + 2r + e is key fragment_row(r), query fragment_col(j, e)): Sᵀ becomes Pᵀ and dPᵀ
+/// becomes dSᵀ, the gradient with respect to x = scale·s:
+///   x' = f(x) (soft-cap, ALiBi), P = 2^{x'·log2 e − L2} (unmodified: 2^{s·scale_log2 − L2}),
+///   P = 0 where the row does not see the key, dS = P·(dP − D)·f'(x).
+/// L2 and D are column values here, read from the step's statistics in shared memory.
+template <int B_r>
+__device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
+                                            const float* dd, const StepScore& sc, const DocumentMask& doc,
+                                            float scale, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+    const float2 dv = *reinterpret_cast<const float2*>(dd + fragment_col(j, 0));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x_at = 4 * j + 2 * r + e;
+        const int key = sc.key0 + fragment_row(r), query = sc.query0 + fragment_col(j, e);
+        float prob, slope_of_f = 1.f;  // slope_of_f: f'(x)
+        if (sc.modified) {
+          float x = s[x_at] * scale;
+          if (sc.cap > 0.f) {
+            const float t = tanhf(x * sc.inv_cap);
+            x = sc.cap * t;
+            slope_of_f = 1.f - t * t;
+          }
+          x += sc.slope * float(key - doc.diagonal(query));
+          prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
+        } else {
+          prob = fast_exp2(fmaf(s[x_at], scale_log2, -(e == 0 ? l.x : l.y)));
+        }
+        if (sc.masked && (query >= doc.n_q || !doc.keep(query, key))) prob = 0.f;
+        s[x_at] = prob;
+        dp[x_at] = prob * (dp[x_at] - (e == 0 ? dv.x : dv.y)) * slope_of_f;
+      }
+  }
+}
+//! [backward elementwise]
+
+/// A warpgroup's dSᵀ [64 keys, B_r queries] → the block's dSᵀ tile in shared memory, rounded
+/// to Elem: [B_r/64 column blocks][B_c keys][64 queries], 128-byte swizzled, rows
+/// key_row0 … key_row0 + 63 (stage 11's store_ds).
+template <int B_c, int B_r, class Elem>
+__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0) {
+  auto* bytes = reinterpret_cast<unsigned char*>(tile);
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = key_row0 + fragment_row(r), col = fragment_col(j, 0);
+      const uint32_t offset =
+          (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+      *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
+    }
+}
+
+/// dQ block [64 queries, 64 columns] = dS·K_j over the tile's B_c keys: A = dS, the transpose
+/// of column block `m_block` of the dSᵀ tile; B = columns 64·n_block … of K_j (both
+/// MN-major: wgmma_ss_tt).
+template <int B_c, class Elem>
+__device__ inline void gemm_dq(float (&acc)[32], const Elem* ds_t, int m_block, const Elem* k, int n_block) {
+  const auto* a_bytes = reinterpret_cast<const unsigned char*>(ds_t) + m_block * column_block_bytes(B_c);
+  const auto* b_bytes = reinterpret_cast<const unsigned char*>(k) + n_block * column_block_bytes(B_c);
+#pragma unroll
+  for (int kk = 0; kk < B_c / 16; ++kk) {  // 16 keys per instruction: 16 rows of 128 bytes
+    const uint64_t da = smem_descriptor(a_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
+    const uint64_t db = smem_descriptor(b_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
+    wgmma_ss_tt(WgmmaShape<64>{}, Elem{}, acc, da, db, kk > 0);
+  }
+}
+
+/// A warpgroup's [64, d] accumulator times `mul` as Elem into the document's rows:
+/// local key rows key0 … key0 + 63, stored when below n_k at packed row k_start + local.
+template <int d, class Elem>
+__device__ inline void write_key_rows(const float (&acc)[d / 2], float mul, void* out, int64_t bkv, int seq_k,
+                                      int k_start, int key0, int n_k) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int local = key0 + fragment_row(r);
+    if (local >= n_k) continue;  // the next document's key: its own block writes it
+    auto* row = reinterpret_cast<uint32_t*>(static_cast<Elem*>(out) + (bkv * seq_k + k_start + local) * int64_t(d));
+#pragma unroll
+    for (int j = 0; j < d / 8; ++j)
+      row[fragment_col(j, 0) / 2] = pack2<Elem>(mul * acc[4 * j + 2 * r], mul * acc[4 * j + 2 * r + 1]);
+  }
+}
+
+template <int d, class Elem>
+__global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __grid_constant__ MaskedBwdParams p) {
+  using R = BwdRoles<d>;
+  constexpr int B_c = R::kBlockN, B_r = R::kBlockM, kStages = R::kStages;
+  extern __shared__ unsigned char smem[];
+  const BwdShared<d, Elem> sm(smem);
+  const BwdWork work = bwd_work<d>(p);
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) sm.init_barriers();
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // ---- producer ----
+    setmaxnreg_dec<R::kProducerRegisters>();
+    if (threadIdx.x == 0) sm.produce(p, work);
+    return;
+  }
+  // ---- consumer c: keys [64c, 64c + 64) of the tile ----
+  setmaxnreg_inc<R::kConsumerRegisters>();
+  const int c = warpgroup - 1;
+  const DocumentMask& doc = work.mask;
+  const int key0 = work.j * B_c + 64 * c;   // this warpgroup's first key, in the document
+  const Elem* k_rows = sm.k + 64 * c * 64;  // its rows of column block 0 (for Sᵀ)
+  const Elem* v_rows = sm.v + 64 * c * 64;
+  // This warpgroup's [64, 64] block of dQ_i: column block c at d = 128, row block c at d = 64.
+  const int dq_rows = d == 64 ? c : 0, dq_cols = d == 64 ? 0 : c;
+  const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr;
+
+  float dv[d / 2] = {}, dk[d / 2] = {};  // dV_c, dK_c: [64 keys, d]
+  mbarrier_wait(sm.kv_full, 0);
+  for (int n = 0; n < work.steps; ++n) {
+    const int s = n % kStages, i = work.tile(n), bh = work.bh(n), query0 = i * B_r;
+    Elem* ds = sm.ds_buffer(n % 2);
+    mbarrier_wait(&sm.full[s], PipelineState<kStages>::at(n).phase);
+
+    float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
+    wgmma_fence();
+    gemm_qk<d, B_r>(st, k_rows, B_c, sm.q_stage(s));
+    gemm_qk<d, B_r>(dpt, v_rows, B_c, sm.do_stage(s));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(st);
+    fence_registers(dpt);
+
+    //! [backward asks the mask]
+    StepScore sc;
+    sc.masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full || query0 + B_r > doc.n_q;
+    sc.modified = modified;
+    sc.cap = p.softcap;
+    sc.inv_cap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
+    sc.slope = p.alibi_slopes ? p.alibi_slopes[bh % p.heads] : 0.f;
+    sc.key0 = key0;
+    sc.query0 = query0;
+    probabilities_and_ds<B_r>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), sc, doc, p.scale, p.scale_log2);
+    //! [backward asks the mask]
+    uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ and dSᵀ as A fragments
+    stage10::pack_p<B_r, Elem>(st, p_frag);
+    stage10::pack_p<B_r, Elem>(dpt, ds_frag);
+
+    store_ds<B_c, B_r>(dpt, ds, 64 * c);
+    fence_proxy_async_smem();  // the generic stores of dSᵀ, before wgmma reads them
+    named_barrier_sync(R::kConsumersBarrier, 256);  // both halves of dSᵀ are in shared memory
+    float dq[32];  // this warpgroup's [64, 64] block of dQ_i from this key tile
+    wgmma_fence();
+    gemm_dq<B_c>(dq, ds, dq_rows, sm.k, dq_cols);
+    wgmma_commit();
+    gemm_pv<d, B_r>(dv, p_frag, sm.do_stage(s));
+    gemm_pv<d, B_r>(dk, ds_frag, sm.q_stage(s));
+    wgmma_commit();
+    wgmma_wait<1>();  // dQ is done; dV and dK may still run
+    fence_registers(dq);
+    // Into the padded scratch: the rows of this query tile are the document's (rows past its
+    // end are padding or add exactly 0, their P being 0).
+    float* dq_rows_at = p.dQ_accum +
+                        (int64_t(bh) * p.n_pad + p.pad_first[work.doc] + query0 + 64 * dq_rows) * d + 64 * dq_cols;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        red_add_f32x2(dq_rows_at + fragment_row(r) * d + fragment_col(j, 0), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    wgmma_wait<0>();
+    fence_registers(dv);
+    fence_registers(dk);
+    stage10::fence_fragments(p_frag);
+    stage10::fence_fragments(ds_frag);
+    mbarrier_arrive(&sm.empty[s]);  // this thread is done with buffer s
+  }
+  write_key_rows<d, Elem>(dv, 1.f, p.dV, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
+  write_key_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
+}
+
+StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype) {
+  return instantiate_step<64, 128>("13_masks", "hopper backward", d, dtype, [&](auto dim, auto elem) {
+    constexpr int D = decltype(dim)::value;
+    using Elem = decltype(elem);
+    return make_step_kernel(masked_bwd<D, Elem>, Threads{BwdRoles<D>::kThreads}, BlockRows{BwdRoles<D>::kBlockM},
+                            BlockCols{BwdRoles<D>::kBlockN}, SmemBytes{BwdPlan<D>::bytes_to_allocate});
+  });
+}
+
+namespace {
+template <class Fn>
+void with_head_dim(int d, Fn&& fn) {
+  if (d == 64) fn(std::integral_constant<int, 64>{});
+  else fn(std::integral_constant<int, 128>{});
+}
+}  // namespace
+
+void launch_masked_prep(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.heads * p.n_pad, rows_per_block = 8;
+  with_dtype(dtype, [&](auto elem) {
+    with_head_dim(d, [&](auto dim) {
+      masked_prep_kernel<decltype(elem), decltype(dim)::value>
+          <<<unsigned((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream>>>(p);
+    });
+  });
+  FA_CHECK_LAUNCH("13_masks: masked_prep_kernel");
+}
+
+void launch_masked_convert_dq(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream) {
+  const int64_t chunks = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
+  const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 132 * 32));
+  with_dtype(dtype, [&](auto elem) {
+    with_head_dim(d, [&](auto dim) {
+      masked_convert_dq_kernel<decltype(elem), decltype(dim)::value><<<blocks, 256, 0, stream>>>(p);
+    });
+  });
+  FA_CHECK_LAUNCH("13_masks: masked_convert_dq_kernel");
+}
+
+}  // namespace fa::stage13
