@@ -6,7 +6,6 @@
 // race on the options or the counters.
 //
 // Only the C ABI is used (libfa_c.so), as a Python program with threads would use it.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <condition_variable>

@@ -4,7 +4,6 @@
 // message that names the value and the stage, leave every output buffer on the device
 // untouched, and leave the process and its CUDA context alive: a valid call afterwards still
 // succeeds. Without a GPU (or a GPU stage) the program exits 77, CTest's skip code.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 

@@ -1,7 +1,6 @@
 // The main() of every stage test program. A GPU stage's tests (compiled with FA_GPU_TEST)
 // run only their "cpu" test suite when no GPU is present, then exit with CTest's skip
-// code 77, so CI skips them cleanly.
-#define DOCTEST_CONFIG_IMPLEMENT
+// code 77, so CI skips them cleanly. doctest's implementation is doctest_impl.cpp's.
 #include <doctest/doctest.h>
 
 #include <cstdio>

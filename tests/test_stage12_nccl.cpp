@@ -3,7 +3,6 @@
 // the same order: only the transport differs), and within tolerance of the reference. Ring sizes
 // 2 and every GPU present (up to 8), both splits, causal and not, bf16 and f16.
 // Exits 77 (skipped) without two GPUs or without NCCL in the build.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>

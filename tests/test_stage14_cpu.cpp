@@ -5,9 +5,8 @@
 // and split counts 1 … more than there are keys (the result does not depend on the split
 // beyond rounding), the append, and the GPU steps' split rule.
 //
-// Its own main (below): the stage is not in the stage list, so the test links the stage
-// alone rather than every stage.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// The stage is not in the stage list, so the test links the stage alone rather than every
+// stage (and test_main.cpp's main, which without FA_GPU_TEST needs nothing of the list).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -12,7 +12,6 @@
 #include "combine.cu"
 #include "14d_paged.cu"
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <thread>

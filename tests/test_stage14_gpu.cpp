@@ -8,7 +8,6 @@
 // Without a GPU only the test suite "cpu" runs (the refusals decided before the device is
 // touched), then the program exits 77 (skipped). FA_TEST_SMALL=1 shrinks the cases (for
 // compute-sanitizer runs).
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
