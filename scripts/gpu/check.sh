@@ -15,7 +15,8 @@
 #   --part 1   build, every test (ctest), the SASS check, the benchmark sweep       268 s
 #   --part 2   compute-sanitizer over the programs of stages 07, 08, 09 and
 #              test_gpu_bad_input                                                    205 s
-#   --part 3   compute-sanitizer over the programs of stages 10 and 11                85 s
+#   --part 3   compute-sanitizer over the programs of stages 10, 11 and 13 (Hopper)   85 s
+#              (stage 13's test under every tool took 12 s more, session 12)
 #   --part 4   compute-sanitizer over stage 12's ring on one GPU (test_stage12_gpu)  255 s
 # Stage 12's ring has a part of its own since stage 10's sixth step (10f): together with 10
 # and 11, its racecheck and initcheck jobs ran out of their time (224 s).
@@ -65,7 +66,7 @@ if [[ ${1:-} == --part ]]; then
     1) FA_SKIP_SANITIZER=1 ;;
     2) FA_SKIP_CTEST=1 FA_SKIP_BENCH=1 FA_SKIP_SASS=1
        FA_SANITIZE="test_stage07 test_stage08 test_stage09 test_gpu_bad_input" ;;
-    3) FA_SKIP_CTEST=1 FA_SKIP_BENCH=1 FA_SKIP_SASS=1 FA_SANITIZE="test_stage10 test_stage11" ;;
+    3) FA_SKIP_CTEST=1 FA_SKIP_BENCH=1 FA_SKIP_SASS=1 FA_SANITIZE="test_stage10 test_stage11 test_stage13_gpu" ;;
     4) FA_SKIP_CTEST=1 FA_SKIP_BENCH=1 FA_SKIP_SASS=1 FA_SANITIZE="test_stage12_gpu" SANITIZER_SHARE=85 ;;
     *) echo "gpu_check: --part takes 1, 2, 3 or 4 (got '$PART')" >&2; exit 2 ;;
   esac
@@ -152,6 +153,8 @@ done
 # and reports itself skipped on one GPU.
 [[ -x $BUILD/tests/test_stage12_gpu ]] && gpu_tests+=("$BUILD/tests/test_stage12_gpu")
 # ---- end of stage 12 -------------------------------------------------------------------
+# Stage 13's Hopper forward and backward under the document mask and score modifiers.
+[[ -x $BUILD/tests/test_stage13_gpu ]] && gpu_tests+=("$BUILD/tests/test_stage13_gpu")
 # FA_SANITIZE="test_stage11 test_stage12_gpu": only these programs (a re-check after a change).
 if [[ -n ${FA_SANITIZE:-} ]]; then
   chosen=()
@@ -200,7 +203,7 @@ else
   # Stage 12's ring runs one test case per process under every tool, to keep each job short.
   per_case_tools() {
     case $1 in
-      test_stage10|test_stage11) echo memcheck racecheck initcheck synccheck ;;
+      test_stage10|test_stage11|test_stage13_gpu) echo memcheck racecheck initcheck synccheck ;;
       test_stage12_gpu) echo memcheck racecheck initcheck ;;
       *) echo racecheck ;;
     esac
