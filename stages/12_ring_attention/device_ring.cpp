@@ -1,5 +1,5 @@
-// Stage 12: the transport between virtual ranks on one GPU, and the choice of a ring's GPUs and
-// transport. A rank's exchange is one device-to-device copy of its previous rank's buffer, on a
+// Stage 12: the transport between virtual ranks on one GPU, and the choice of a ring's GPUs,
+// transport and rank kernels. A rank's exchange is one device-to-device copy of its previous rank's buffer, on a
 // stream of its own (`comm`), so it runs while the rank's kernels run on the rank's stream: the
 // same overlap as between GPUs, with the GPU's copy engines standing in for the links.
 #include <cuda_runtime_api.h>
@@ -103,5 +103,29 @@ std::unique_ptr<Ring> make_nccl_ring(const std::vector<int>&) {
                               "tree was configured)");
 }
 #endif
+
+const char* transport_name(TransportKind t) { return t == TransportKind::Device ? "device" : "nccl"; }
+
+const char* kernels_name(RankKernels k) {
+  return k == RankKernels::Auto ? "auto" : k == RankKernels::TensorCores ? "tensor_core" : "hopper";
+}
+
+bool runs_hopper(RankKernels k, const std::vector<int>& devices) {
+  if (k != RankKernels::Auto && k != RankKernels::TensorCores && k != RankKernels::Hopper)
+    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = " + std::to_string(int(k)) +
+                                " is not auto (0), tensor_core (1) or hopper (2)");
+  if (k == RankKernels::TensorCores) return false;
+  for (int device : devices) {
+    int major = 0, minor = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major == 9) continue;
+    if (k == RankKernels::Auto) return false;
+    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = hopper needs GPUs of compute capability " +
+                                "9.x (stages 10 and 11); GPU " + std::to_string(device) + " is " +
+                                std::to_string(major) + "." + std::to_string(minor));
+  }
+  return true;
+}
 
 }  // namespace fa::stage12

@@ -304,30 +304,6 @@ class GpuRank final : public Rank {
   DeviceBuffer O_part_, L_part_, dK_part_, dV_part_;  // one pair's results
 };
 
-const char* transport_name(TransportKind t) { return t == TransportKind::Device ? "device" : "nccl"; }
-
-const char* kernels_name(RankKernels k) {
-  return k == RankKernels::Auto ? "auto" : k == RankKernels::TensorCores ? "tensor_core" : "hopper";
-}
-
-bool runs_hopper(RankKernels k, const std::vector<int>& devices) {
-  if (k != RankKernels::Auto && k != RankKernels::TensorCores && k != RankKernels::Hopper)
-    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = " + std::to_string(int(k)) +
-                                " is not auto (0), tensor_core (1) or hopper (2)");
-  if (k == RankKernels::TensorCores) return false;
-  for (int device : devices) {
-    int major = 0, minor = 0;
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    if (major == 9) continue;
-    if (k == RankKernels::Auto) return false;
-    throw std::invalid_argument(std::string(kGpuStageName) + ": kernels = hopper needs GPUs of compute capability " +
-                                "9.x (stages 10 and 11); GPU " + std::to_string(device) + " is " +
-                                std::to_string(major) + "." + std::to_string(minor));
-  }
-  return true;
-}
-
 // Stage 08 has more head dims than 09; stage 11's are 09's (test_stage12_gpu checks it).
 const std::vector<int>& gpu_head_dims() { return stage09::kHeadDims; }
 
