@@ -66,9 +66,9 @@ dim3 grid_for(const Problem& p, const StepKernel& k) {
 
 /// Step 10f's sections under the causal mask: the largest power of two of (batch, head)
 /// pairs whose K and V fit in the L2 together (heads that share a KV head count their share),
-/// at least one. A power of two: under the causal mask, the other whole-head counts (3, 6 and
-/// 12 heads among them) measured 3–11% slower than the powers of two at the same points on an
-/// H100 (docs/results/h100_stage10_schedule.md, table 2, "25 MB" against "32 MB");
+/// at least one. A power of two: under the causal mask, sections of half the L2 rounded to whole
+/// heads (3, 6 and 12 heads among them) measured 3–11% slower than the powers of two at the same
+/// points on an H100 (docs/results/h100_stage10_schedule.md, table 2, "25 MB" against "32 MB");
 /// FlashAttention-3 rounds the same way.
 int heads_per_section(const Problem& p) {
   int device = 0, l2_bytes = 0;

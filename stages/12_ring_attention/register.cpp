@@ -62,9 +62,10 @@ std::vector<std::pair<std::string, std::string>> work_rows(const Problem& p, int
     if (r > 0) per_rank += ' ';
     per_rank += std::to_string(t_last_work.of_rank(r));
   }
-  char balance[160];
-  std::snprintf(balance, sizeof balance, "busiest/idlest rank %.2f, ring efficiency %.1f %% of ideal",
-                double(t_last_work.busiest()) / double(std::max<int64_t>(1, t_last_work.idlest())),
+  char ratio[64] = "- (a rank has no work)", balance[160];
+  if (t_last_work.idlest() > 0)
+    std::snprintf(ratio, sizeof ratio, "%.2f", double(t_last_work.busiest()) / double(t_last_work.idlest()));
+  std::snprintf(balance, sizeof balance, "busiest/idlest rank %s, ring efficiency %.1f %% of ideal", ratio,
                 100.0 * t_last_work.efficiency());
   return {{"ring", std::to_string(ranks_for(p, ranks, split)) + " ranks, " + split_name(split) + " split"},
           {"work per rank", per_rank + " score entries per head"},
