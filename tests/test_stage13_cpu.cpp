@@ -19,12 +19,15 @@
 #include "mask_reference.h"
 #include "masked_backward.h"
 #include "masks.h"
+#include "modifier_cases.h"
 #include "stage_checks.h"
 
 namespace {
 
 using fa::Modifiers;
 using fa::Problem;
+using fa::test::documents;
+using fa::test::sink_logits;
 namespace s13 = fa::stage13;
 
 constexpr auto make = &fa::test::make_problem;
@@ -34,19 +37,6 @@ s13::Config tiles(int block_q, int block_k) {
   c.block_q = block_q;
   c.block_k = block_k;
   return c;
-}
-
-Modifiers documents(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens) {
-  Modifiers m;
-  m.cu_seqlens_q = fa::cu_seqlens_of(q_lens, "test");
-  m.cu_seqlens_k = fa::cu_seqlens_of(k_lens, "test");
-  return m;
-}
-
-std::vector<float> sink_logits(int heads) {
-  std::vector<float> s;
-  for (int h = 0; h < heads; ++h) s.push_back(0.7f * float(h) - 1.0f);
-  return s;
 }
 
 // Runs the stage (forward, and backward when asked) and checks it against the reference.

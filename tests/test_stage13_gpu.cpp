@@ -41,12 +41,15 @@
 #include "eigen.h"
 #include "mask_reference.h"
 #include "masked_hopper.h"
+#include "modifier_cases.h"
 #include "tensors.h"
 
 namespace {
 
 using fa::Modifiers;
 using fa::Problem;
+using fa::test::documents;
+using fa::test::sink_logits;
 namespace s13 = fa::stage13;
 
 bool small() { return std::getenv("FA_TEST_SMALL") != nullptr; }
@@ -56,19 +59,6 @@ Problem make(int batch, int heads, int kv_heads, int seq_q, int seq_k, int d, bo
   p.batch = batch, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = seq_q, p.seq_k = seq_k, p.head_dim = d;
   p.causal = causal;
   return p;
-}
-
-Modifiers documents(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens) {
-  Modifiers m;
-  m.cu_seqlens_q = fa::cu_seqlens_of(q_lens, "test");
-  m.cu_seqlens_k = fa::cu_seqlens_of(k_lens, "test");
-  return m;
-}
-
-std::vector<float> sink_logits(int heads) {
-  std::vector<float> s;
-  for (int h = 0; h < heads; ++h) s.push_back(0.7f * float(h) - 1.0f);
-  return s;
 }
 
 template <class F>
