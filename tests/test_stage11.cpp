@@ -5,11 +5,13 @@
 // exhaustively over small shapes: every query tile that sees a key of the tile is visited,
 // none before, and every tile from first_unmasked on sees the whole key tile in every row.
 // GPU tests (compute capability 9.x): check_matrix with the backward (stage 10's forward,
-// then this stage's backward, against the reference's O, L, dQ, dK, dV) for steps 11a and
-// 11b and the deterministic mode, in bf16 and f16; adversarial inputs and properties;
-// refusals and random shapes; the deterministic mode bitwise reproducible and equal in dK,
-// dV to the atomic mode; every output element written (outputs poisoned first); refusals at
-// the device entry (nothing written); empty sequences; a non-default stream.
+// then this stage's backward, against the reference's O, L, dQ, dK, dV) for every step and
+// the deterministic mode, in bf16 and f16, at d = 64 and 128, and at d = 256 for the final
+// design (the only one with a kernel there; it has a test of its own too); adversarial
+// inputs and properties; refusals and random shapes; the deterministic mode bitwise
+// reproducible and equal in dK, dV to the atomic mode; every output element written
+// (outputs poisoned first); refusals at the device entry (nothing written); empty
+// sequences; a non-default stream.
 //
 // Environment: FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs).
 #include <doctest/doctest.h>
@@ -142,6 +144,19 @@ s11::Options step(s11::Step s, bool deterministic = false) {
 const std::vector<s11::Options> kConfigs = {step(s11::Step::A), step(s11::Step::B), step(s11::Step::C),
                                             step(s11::Step::D), step(s11::Step::D, true)};
 
+/// The stage as a configuration sees it: steps 11a–11c and the deterministic mode are built
+/// for d = 64 and 128 only (d = 256 runs the final design, 11d with atomics), so the shared
+/// checks, which take their head dims from the stage, run them without d = 256.
+const fa::StageInfo& stage_for(const s11::Options& o) {
+  static const fa::StageInfo without_256 = [] {
+    fa::StageInfo s = fa::find_stage("11");
+    s.head_dims = {64, 128};
+    return s;
+  }();
+  const bool final_design = o.step == s11::Step::D || o.step == s11::Step::Auto;
+  return final_design && !o.deterministic ? stage() : without_256;
+}
+
 std::string describe(const s11::Options& o) {
   return s11::step_names()[size_t(o.step)] + (o.deterministic ? " deterministic" : " atomics");
 }
@@ -161,8 +176,8 @@ void forward_backward(const fa::Problem& p, fa::Dtype t, fa::Tensors& x, const s
 void check_matrix_of(const s11::Options& o) {
   if (!on_hopper()) return;
   const OptionsScope scope(o);
-  fa::test::check_matrix(stage(), fa::Dtype::BF16, true);
-  fa::test::check_matrix(stage(), fa::Dtype::F16, true);
+  fa::test::check_matrix(stage_for(o), fa::Dtype::BF16, true);
+  fa::test::check_matrix(stage_for(o), fa::Dtype::F16, true);
 }
 
 TEST_CASE("11: the shared shape matrix with gradients, step 11a, bf16 and f16") { check_matrix_of(kConfigs[0]); }
@@ -180,8 +195,8 @@ TEST_CASE("11: adversarial inputs (large logits, empty rows, constant rows, NaN)
   for (const auto& o : kConfigs) {
     const OptionsScope scope(o);
     CAPTURE(describe(o));
-    fa::test::check_adversarial(stage(), fa::Dtype::BF16, true);
-    fa::test::check_adversarial(stage(), fa::Dtype::F16, true);
+    fa::test::check_adversarial(stage_for(o), fa::Dtype::BF16, true);
+    fa::test::check_adversarial(stage_for(o), fa::Dtype::F16, true);
   }
 }
 
@@ -190,8 +205,8 @@ TEST_CASE("11: properties (key permutation, determinism of dK and dV), every con
   for (const auto& o : kConfigs) {
     const OptionsScope scope(o);
     CAPTURE(describe(o));
-    fa::test::check_properties(stage(), fa::Dtype::BF16, true);
-    fa::test::check_properties(stage(), fa::Dtype::F16, true);
+    fa::test::check_properties(stage_for(o), fa::Dtype::BF16, true);
+    fa::test::check_properties(stage_for(o), fa::Dtype::F16, true);
   }
 }
 
@@ -206,8 +221,8 @@ TEST_CASE("11: random shapes, bf16 and f16, every configuration") {
   for (const auto& o : kConfigs) {
     const OptionsScope scope(o);
     CAPTURE(describe(o));
-    fa::test::check_random_shapes(stage(), fa::Dtype::BF16, true, fa::test::small_mode() ? 2 : 8);
-    fa::test::check_random_shapes(stage(), fa::Dtype::F16, true, fa::test::small_mode() ? 2 : 8);
+    fa::test::check_random_shapes(stage_for(o), fa::Dtype::BF16, true, fa::test::small_mode() ? 2 : 8);
+    fa::test::check_random_shapes(stage_for(o), fa::Dtype::F16, true, fa::test::small_mode() ? 2 : 8);
   }
 }
 
@@ -253,6 +268,48 @@ TEST_CASE("11: steps 11b, 11c and 11d give the same dK and dV bits (same product
     CHECK(bitwise_equal(x.dV, y.dV));
     CHECK(bitwise_equal(x.dK, z.dK));
     CHECK(bitwise_equal(x.dV, z.dV));
+  }
+}
+
+TEST_CASE("11: d = 256 (step 11d, columns split between the consumers): shapes, GQA, masks, both dtypes") {
+  // Many key tiles (B_c = 64) and query tiles (B_r = 64), ragged ends, a causal mask with
+  // seq_q ≠ seq_k (rows that see no key, tiles that cross the diagonal), GQA groups of 1, 2
+  // and 4: a consumer that read the other's half of Pᵀ or dSᵀ too early, a column offset
+  // off by one block, or a dQ block added at the wrong place fails the comparison.
+  if (!on_hopper()) return;
+  const bool small = fa::test::small_mode();
+  const std::vector<fa::Problem> shapes = {
+      make(1, 2, 2, 64, 64, 256, false),   make(2, 4, 2, 300, small ? 130 : 513, 256, true),
+      make(1, 4, 1, 129, 70, 256, true),   make(1, 2, 1, small ? 100 : 1025, small ? 100 : 1025, 256, true),
+      make(2, 2, 2, 77, 300, 256, false)};
+  for (const auto& p : shapes)
+    for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
+      fa::Tensors x = fa::Tensors::make(p, 61, fa::Dist::Normal, true), y = x;
+      forward_backward(p, t, x, step(s11::Step::Auto));
+      forward_backward(p, t, y, step(s11::Step::Auto));
+      const fa::CheckReport r = fa::compare_backward(p, t, x);
+      INFO(fa::dtype_name(t) << " " << p.describe() << "\n" << r.summary());
+      CHECK(r.pass());
+      CHECK_MESSAGE(bitwise_equal(x.dK, y.dK), "dK differs between two runs");  // no atomics in dK, dV
+      CHECK_MESSAGE(bitwise_equal(x.dV, y.dV), "dV differs between two runs");
+    }
+}
+
+TEST_CASE("11: d = 256 refuses the steps and the mode built for d = 64 and 128 only, naming them") {
+  if (!on_hopper()) return;
+  const fa::Problem p = make(1, 2, 1, 64, 64, 256, false);
+  fa::Tensors x = fa::Tensors::make(p, 3, fa::Dist::Normal, true);
+  for (const auto& [o, fragment] : {std::pair{step(s11::Step::A), std::string("step 11a has no kernel for head_dim = 256")},
+                                    std::pair{step(s11::Step::C), std::string("step 11c has no kernel for head_dim = 256")},
+                                    std::pair{step(s11::Step::Auto, true), std::string("deterministic mode is built for head_dim = 64 and 128")}}) {
+    std::string msg;
+    try {
+      forward_backward(p, fa::Dtype::BF16, x, o);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO("message: '" << msg << "'");
+    CHECK(msg.find(fragment) != std::string::npos);
   }
 }
 
@@ -305,7 +362,7 @@ TEST_CASE("11: the device backward refuses bad pointers, dtypes and head dims be
   refused(p, bf, Q.get(), dQ.get(), reinterpret_cast<const float*>(L.as<char>() + 2), "pointer L");
   refused(p, bf, nullptr, dQ.get(), Lp, "NULL");
   refused(p, fa::Dtype::F32, Q.get(), dQ.get(), Lp, "dtype f32");
-  for (int d : {32, 96, 256}) {
+  for (int d : {32, 96, 512}) {
     fa::Problem bad = p;
     bad.head_dim = d;
     refused(bad, bf, Q.get(), dQ.get(), Lp, "head_dim = " + std::to_string(d));
@@ -327,8 +384,9 @@ TEST_CASE("11: every element of dQ, dK, dV is written (outputs poisoned with NaN
   // nothing to dK, dV); ragged query and key tiles; GQA with a group of 2. A row or column
   // that a kernel forgot keeps its NaN.
   if (!on_hopper()) return;
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (const auto& o : kConfigs) {
+      if (!stage_for(o).supports_head_dim(d)) continue;
       const fa::Problem p = make(2, 4, 2, 300, 260, d, true);
       fa::Tensors x = fa::Tensors::make(p, 23, fa::Dist::Normal, true);
       x.poison_outputs();

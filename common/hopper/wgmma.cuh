@@ -96,17 +96,18 @@ constexpr uint32_t column_block_bytes(int rows) { return uint32_t(rows) * 128u; 
 
 /// S[64, N] = A[64, d] · B[N, d]ᵀ with both operands K-major in shared memory: `a` is the
 /// first row of this warpgroup's 64 rows in a tile of `a_rows` rows, `b` the first of the
-/// N rows of a tile of N rows. d/16 instructions in one group (not committed here).
+/// N rows of a tile of `b_rows` rows (N unless the product takes part of the tile). d/16
+/// instructions in one group (not committed here).
 //! [gemm qk]
 template <int d, int N, class Elem>
-__device__ inline void gemm_qk(float (&acc)[N / 2], const Elem* a, int a_rows, const Elem* b) {
+__device__ inline void gemm_qk(float (&acc)[N / 2], const Elem* a, int a_rows, const Elem* b, int b_rows = N) {
   const auto* a_bytes = reinterpret_cast<const unsigned char*>(a);
   const auto* b_bytes = reinterpret_cast<const unsigned char*>(b);
 #pragma unroll
   for (int k = 0; k < d / 16; ++k) {
     const int block = k / 4, step = k % 4;  // column block of 64, k16 step inside it
     const uint64_t da = smem_descriptor(a_bytes + block * column_block_bytes(a_rows) + 32 * step, 16, 1024);
-    const uint64_t db = smem_descriptor(b_bytes + block * column_block_bytes(N) + 32 * step, 16, 1024);
+    const uint64_t db = smem_descriptor(b_bytes + block * column_block_bytes(b_rows) + 32 * step, 16, 1024);
     wgmma_ss(WgmmaShape<N>{}, Elem{}, acc, da, db, k > 0);
   }
 }

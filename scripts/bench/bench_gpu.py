@@ -485,7 +485,7 @@ class Bench:
         self.summary += lines
 
 
-def hopper_sweep(bench, stages, quick=False):
+def hopper_sweep(bench, stages, quick=False, dims=(64, 128, 256)):
     """--hopper: stage 10 (every step: the default is 10f; steps 10a-10e as variants) on the
     40 points of stages 08/09 plus d = 256 at N = 2048 and 8192, against SDPA's FlashAttention-2
     and cuDNN backends measured in the same run; ratios to both and % of the bf16 GEMM rate."""
@@ -495,7 +495,7 @@ def hopper_sweep(bench, stages, quick=False):
     gemm = bench.gemm.get(torch.bfloat16, float("nan"))
     points = []
     for dt in (("bf16",) if quick else ("f16", "bf16")):
-        for d in (64, 128, 256):
+        for d in dims:
             ns = (2048, 8192) if d == 256 else ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384))
             points += [(dt, d, n, causal) for n in ns for causal in (False, True)]
     lines = [f"stage 10, batch·N = 16384, heads·d = 2048: TFLOP/s of each step; for 10f (the default) the ratio "
@@ -513,15 +513,15 @@ def hopper_sweep(bench, stages, quick=False):
     bench.summary += lines
 
 
-def hopper_bwd_sweep(bench, stages, quick=False):
+def hopper_bwd_sweep(bench, stages, quick=False, dims=(64, 128, 256)):
     """--hopper with stage 11: the backward's steps (11d, the default; 11a-11c and the deterministic
-    mode as variants) on the
-    40 points of stage 09, against the backward of SDPA's FlashAttention-2 and cuDNN backends
-    measured in the same run; ratios to both."""
+    mode as variants) on the 40 points of stage 09, and 11d alone at d = 256 (the steps before it
+    and the deterministic mode have no kernel there) on the same lengths, against the backward of
+    SDPA's FlashAttention-2 and cuDNN backends measured in the same run; ratios to both."""
     print("\n== stage 11 (Hopper backward) against SDPA flash and cuDNN", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
     steps = [("step", 1), ("step", 2), ("step", 3), ("deterministic", 1)]
-    points = [(dt, d, n, causal) for dt in (("bf16",) if quick else ("f16", "bf16")) for d in (64, 128)
+    points = [(dt, d, n, causal) for dt in (("bf16",) if quick else ("f16", "bf16")) for d in dims
               for n in ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)) for causal in (False, True)]
     lines = [f"stage 11 backward, batch·N = 16384, heads·d = 2048: TFLOP/s (2.5 forwards) of each step; for 11d "
              f"(the default) the ratio to sdpa_flash (FA2) and sdpa_cudnn",
@@ -530,7 +530,8 @@ def hopper_bwd_sweep(bench, stages, quick=False):
              f"{'/flash':>7s} {'/cudnn':>7s}"]
     for dt, d, n, causal in points:
         st = stages[0]
-        r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base, variants=steps)["bwd"]
+        r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base,
+                             variants=steps if d < 256 else [])["bwd"]
         get = lambda k: r.get(k, (0, float("nan")))[1]
         t11 = [get(f"{st}[step=1]"), get(f"{st}[step=2]"), get(f"{st}[step=3]"), get(st),
                get(f"{st}[deterministic=1]")]
@@ -623,6 +624,8 @@ def main():
     ap.add_argument("--hopper", action="store_true",
                     help="stage 10's steps on the 08/09 points plus d = 256, and stage 11's on the 09 points, "
                          "against sdpa_flash and sdpa_cudnn")
+    ap.add_argument("--head-dims", default="64,128,256",
+                    help="with --hopper: the head dims of the sweeps (default 64,128,256)")
     ap.add_argument("--tune", action="store_true",
                     help="only the variants and ablations of 08 and 09 (bf16), against sdpa_flash")
     args = ap.parse_args()
@@ -659,10 +662,11 @@ def main():
         if args.hopper:
             fwd10 = [s for s in chosen if s.startswith("10")]
             bwd11 = [s for s in chosen if s.startswith("11")]
+            dims = tuple(int(x) for x in args.head_dims.split(","))
             if fwd10:
-                hopper_sweep(bench, fwd10, args.quick)
+                hopper_sweep(bench, fwd10, args.quick, dims)
             if bwd11:
-                hopper_bwd_sweep(bench, bwd11, args.quick)
+                hopper_bwd_sweep(bench, bwd11, args.quick, dims)
             chosen = []
         if args.tune:
             tune_sweep(bench, [s for s in chosen if s.startswith(("08", "09"))])

@@ -11,8 +11,11 @@ import pathlib
 # (A in shared memory "ss" or registers "rs", N): the S = Q·Kᵀ products use ss with N = B_c,
 # the O += P·V products use rs with N = d (stage 10's tile sizes, traits.h). "tt" is ss with
 # both operands MN-major (transposed): stage 11's dQ = dS·K reads dSᵀ and K as they lie in
-# shared memory.
-SHAPES = [("ss", 64), ("ss", 80), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256), ("tt", 64), ("tt", 128)]
+# shared memory. "nt" is ss with A K-major and B MN-major: stage 11's d = 256 kernel reads Pᵀ and
+# dSᵀ from shared memory (the A of dV += Pᵀ·dO, dK += dSᵀ·Q) with dO and Q as B; its Sᵀ and
+# dPᵀ products are ss with N = 32 (each consumer warpgroup takes 32 of the 64 queries).
+SHAPES = [("ss", 32), ("ss", 64), ("ss", 80), ("ss", 128), ("rs", 64), ("rs", 128), ("rs", 256), ("tt", 64),
+          ("tt", 128), ("nt", 128)]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 
@@ -29,14 +32,14 @@ def constraints(count):
 def emit(kind, n, ctype, ptx_type):
     acc = n // 2
     out = []
-    if kind in ("ss", "tt"):
-        name = "wgmma_ss" if kind == "ss" else "wgmma_ss_tt"
+    if kind in ("ss", "tt", "nt"):
+        name = {"ss": "wgmma_ss", "tt": "wgmma_ss_tt", "nt": "wgmma_ss_nt"}[kind]
         sig = (f"__device__ inline void {name}(WgmmaShape<{n}>, {ctype}, float (&d)[{acc}], "
                f"uint64_t desc_a, uint64_t desc_b, bool accumulate)")
         a_ops = f"%{acc}"
         b_op = f"%{acc + 1}"
         p_op = f"%{acc + 2}"
-        tail = "1, 1, 0, 0" if kind == "ss" else "1, 1, 1, 1"
+        tail = {"ss": "1, 1, 0, 0", "tt": "1, 1, 1, 1", "nt": "1, 1, 0, 1"}[kind]
         inputs = '"l"(desc_a), "l"(desc_b), "r"(int(accumulate))'
     else:
         sig = (f"__device__ inline void wgmma_rs(WgmmaShape<{n}>, {ctype}, float (&d)[{acc}], "
@@ -68,6 +71,7 @@ def main():
         "//           the m16n8k16 A layout per warp) and B MN-major (transposed, imm-trans-b = 1).",
         "// wgmma_ss_tt: wgmma_ss with both operands MN-major (imm-trans-a = imm-trans-b = 1):",
         "//           A is read as the transpose of what lies in shared memory (16-bit types only).",
+        "// wgmma_ss_nt: A K-major, B MN-major (imm-trans-a = 0, imm-trans-b = 1).",
         "// `accumulate` = false writes D = A·B (the scale-d predicate), true adds to D.",
         "// The two trailing 1s are imm-scale-a/b (no negation). imm-trans-a/b, scale-d and",
         "// imm-scale-a/b are the names of wgmma's operands in the PTX ISA. Include through wgmma.cuh.",

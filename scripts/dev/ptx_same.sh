@@ -28,10 +28,11 @@ ptx() {
     local dir name arch
     dir=$(dirname "$f")
     name=$(basename "$(dirname "$f")")_$(basename "$f" .cu)
-    # Stages 10 and 11 use wgmma and setmaxnreg, which only the arch-specific target has
-    # (CMake builds them for sm_90a alone); compute_90 would stop at the first wgmma.
+    # Stages 10 and 11 and stage 13's Hopper kernels use wgmma and setmaxnreg, which only the
+    # arch-specific target has (CMake builds them for sm_90a alone); compute_90 would stop at
+    # the first wgmma.
     local archs="80 90"
-    case "$name" in 10_* | 11_*) archs="80 90a" ;; esac
+    case "$name" in 10_* | 11_* | 13_masks_masked_hopper*) archs="80 90a" ;; esac
     for arch in $archs; do
       # The shared layers are under common/ (sm80/, hopper/); every stage folder is on the
       # path too, as in CMake, for the entry-point headers of other stages.

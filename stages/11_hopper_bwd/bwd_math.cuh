@@ -84,17 +84,18 @@ __device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r
 }
 
 /// A warpgroup's dSᵀ [64 keys, B_r queries] (fp32 fragments) → the block's dSᵀ tile in
-/// shared memory, rounded to Elem: [B_r/64 column blocks][B_c keys][64 queries], 128-byte
-/// swizzled, rows key_row0 … key_row0 + 63. A warp's 8 rows of one store land in 8
-/// different 16-byte chunks: no bank conflict. The dQ product reads this tile MN-major.
+/// shared memory, rounded to Elem: [column blocks of 64 queries][B_c keys][64 queries],
+/// 128-byte swizzled, rows key_row0 … key_row0 + 63, columns col0 … col0 + B_r − 1. A warp's
+/// 8 rows of one store land in 8 different 16-byte chunks: no bank conflict. The dQ product
+/// reads this tile MN-major.
 template <int B_c, int B_r, class Elem>
-__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0) {
+__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0, int col0 = 0) {
   auto* bytes = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = key_row0 + fragment_row(r), col = fragment_col(j, 0);
+      const int row = key_row0 + fragment_row(r), col = col0 + fragment_col(j, 0);
       const uint32_t offset =
           (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
       *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
@@ -136,18 +137,20 @@ __device__ inline void add_dq(const float (&acc)[N / 2], float* rows, int stride
 }
 //! [dq reduction]
 
-/// Writes a warpgroup's [64, d] accumulator times `mul` as Elem into rows row0 … row0 + 63
-/// of head `head` of out ([heads][rows][d]), skipping rows ≥ rows (dK_j, dV_j; dQ_i in
-/// the deterministic pass).
-template <int d, class Elem>
-__device__ inline void write_rows(const float (&acc)[d / 2], float mul, void* out, int64_t head, int row0, int rows) {
+/// Writes a warpgroup's [64, kCols] accumulator times `mul` as Elem into rows row0 … row0 +
+/// 63, columns col0 … col0 + kCols − 1 of head `head` of out ([heads][rows][d]), skipping
+/// rows ≥ rows (dK_j, dV_j; dQ_i in the deterministic pass). kCols < d where warpgroups
+/// split the columns (d = 256).
+template <int d, class Elem, int kCols = d>
+__device__ inline void write_rows(const float (&acc)[kCols / 2], float mul, void* out, int64_t head, int row0, int rows,
+                                  int col0 = 0) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int at = row0 + fragment_row(r);
     if (at >= rows) continue;
-    auto* row = reinterpret_cast<uint32_t*>(static_cast<Elem*>(out) + (head * rows + at) * int64_t(d));
+    auto* row = reinterpret_cast<uint32_t*>(static_cast<Elem*>(out) + (head * rows + at) * int64_t(d) + col0);
 #pragma unroll
-    for (int j = 0; j < d / 8; ++j) row[fragment_col(j, 0) / 2] = pack2<Elem>(mul * acc[4 * j + 2 * r], mul * acc[4 * j + 2 * r + 1]);
+    for (int j = 0; j < kCols / 8; ++j) row[fragment_col(j, 0) / 2] = pack2<Elem>(mul * acc[4 * j + 2 * r], mul * acc[4 * j + 2 * r + 1]);
   }
 }
 

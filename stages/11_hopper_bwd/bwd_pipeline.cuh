@@ -27,9 +27,10 @@ namespace fa::stage11 {
 using namespace fa::hopper;
 using stage10::tile_bytes;
 
-/// The dQ staging of step 11d: the two consumers' [64, 64] fp32 blocks of dQ_i, each laid
-/// out as dQ_accum holds a block in step 11d (dq_layout.h): 16 KB, one bulk copy.
-constexpr uint32_t kStagingBytes = 2 * 64 * 64 * 4;
+/// The dQ staging of step 11d: dQ_i [B_r, d] in fp32 as [64, 64] blocks, each laid out as
+/// dQ_accum holds a block in step 11d (dq_layout.h): 16 KB per block, one bulk copy each.
+/// 32 KB at d = 64 and 128 (a block per consumer), 64 KB at d = 256 (two per consumer).
+constexpr uint32_t staging_bytes(int B_r, int d) { return uint32_t(B_r) * uint32_t(d) * 4u; }
 
 /// Byte offsets of everything in the block's dynamic shared memory (base 1024-aligned).
 /// kStaging: room for step 11d's dQ staging and its three barriers.
@@ -42,8 +43,8 @@ struct BwdPlan {
   static constexpr uint32_t ds = dO + kStages * tile_bytes(B_r, d);         // dSᵀ [kDsBuffers][B_r/64][B_c][64]
   static constexpr uint32_t l2 = ds + kDsBuffers * tile_bytes(B_c, B_r);    // L2_i [kStages][B_r] fp32
   static constexpr uint32_t dd = l2 + kStages * B_r * 4;                    // D_i, like L2
-  static constexpr uint32_t staging = dd + kStages * B_r * 4;              // dQ blocks [2][64][64] fp32
-  static constexpr uint32_t barriers = staging + (kStaging ? kStagingBytes : 0);
+  static constexpr uint32_t staging = dd + kStages * B_r * 4;              // dQ blocks [B_r·d/4096][64][64] fp32
+  static constexpr uint32_t barriers = staging + (kStaging ? staging_bytes(B_r, d) : 0);
   // kv_full, full[S], empty[S]; with kStaging also dq_full[2], dq_empty
   static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + (kStaging ? 3 : 0));
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
@@ -79,7 +80,7 @@ struct BwdShared {
     dq_full = empty + kStages;
     dq_empty = dq_full + 2;
   }
-  /// Consumer c's dQ block in the staging area.
+  /// Block c of the staging area: consumer c's dQ block at d = 64 and 128.
   __device__ float* staging_block(int c) const { return staging + c * 64 * 64; }
   __device__ Elem* q_stage(int s) const { return q + s * B_r * d; }
   __device__ Elem* do_stage(int s) const { return dO + s * B_r * d; }

@@ -41,7 +41,8 @@ Options current_options();
 void set_options(const Options& o);
 
 /// Head dims with kernels (StageInfo::head_dims; the forward, stage 10's, is restricted to them).
-inline const std::vector<int> kHeadDims{64, 128};
+/// Steps 11a–11c and the deterministic mode have kernels for 64 and 128 only.
+inline const std::vector<int> kHeadDims{64, 128, 256};
 
 /// dQ, dK, dV of O = softmax(scale·Q Kᵀ + mask) V for the loss whose gradient with respect
 /// to O is dO, on device buffers in `dtype` (BF16 or F16); L (fp32, natural log) and O are

@@ -84,7 +84,8 @@ __global__ void convert_dq_kernel(const PrepParams p) {
 template <class Fn>
 void with_head_dim(int d, Fn&& fn) {
   if (d == 64) fn(std::integral_constant<int, 64>{});
-  else fn(std::integral_constant<int, 128>{});
+  else if (d == 128) fn(std::integral_constant<int, 128>{});
+  else fn(std::integral_constant<int, 256>{});
 }
 
 }  // namespace
