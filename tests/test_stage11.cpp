@@ -144,9 +144,9 @@ s11::Options step(s11::Step s, bool deterministic = false) {
 const std::vector<s11::Options> kConfigs = {step(s11::Step::A), step(s11::Step::B), step(s11::Step::C),
                                             step(s11::Step::D), step(s11::Step::D, true)};
 
-/// The stage as a configuration sees it: steps 11a–11c and the deterministic mode are built
-/// for d = 64 and 128 only (d = 256 runs the final design, 11d with atomics), so the shared
-/// checks, which take their head dims from the stage, run them without d = 256.
+/// The stage as a configuration sees it: steps 11a–11c are built for d = 64 and 128 only
+/// (d = 256 runs the final design, 11d, with either dQ mode), so the shared checks, which
+/// take their head dims from the stage, run them without d = 256.
 const fa::StageInfo& stage_for(const s11::Options& o) {
   static const fa::StageInfo without_256 = [] {
     fa::StageInfo s = fa::find_stage("11");
@@ -154,7 +154,7 @@ const fa::StageInfo& stage_for(const s11::Options& o) {
     return s;
   }();
   const bool final_design = o.step == s11::Step::D || o.step == s11::Step::Auto;
-  return final_design && !o.deterministic ? stage() : without_256;
+  return final_design ? stage() : without_256;
 }
 
 std::string describe(const s11::Options& o) {
@@ -231,7 +231,7 @@ TEST_CASE("11: the deterministic mode is bitwise reproducible, and its dK, dV ar
   // dK, dV row. dK and dV add up in the same order in both modes (the same main kernel,
   // with and without its dQ product), so they must agree bit for bit.
   if (!on_hopper()) return;
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
       const fa::Problem p = make(2, 8, 2, 333, fa::test::small_mode() ? 300 : 1000, d, causal);
       for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
@@ -295,13 +295,12 @@ TEST_CASE("11: d = 256 (step 11d, columns split between the consumers): shapes, 
     }
 }
 
-TEST_CASE("11: d = 256 refuses the steps and the mode built for d = 64 and 128 only, naming them") {
+TEST_CASE("11: d = 256 refuses the steps built for d = 64 and 128 only, naming them") {
   if (!on_hopper()) return;
   const fa::Problem p = make(1, 2, 1, 64, 64, 256, false);
   fa::Tensors x = fa::Tensors::make(p, 3, fa::Dist::Normal, true);
   for (const auto& [o, fragment] : {std::pair{step(s11::Step::A), std::string("step 11a has no kernel for head_dim = 256")},
-                                    std::pair{step(s11::Step::C), std::string("step 11c has no kernel for head_dim = 256")},
-                                    std::pair{step(s11::Step::Auto, true), std::string("deterministic mode is built for head_dim = 64 and 128")}}) {
+                                    std::pair{step(s11::Step::C), std::string("step 11c has no kernel for head_dim = 256")}}) {
     std::string msg;
     try {
       forward_backward(p, fa::Dtype::BF16, x, o);

@@ -2,8 +2,9 @@
 // GPU, 08 and 09 elsewhere; shards passed by device copies on a stream of their own) against the
 // shared matrix (docs/design.md §6) in bf16 and f16, forward and backward, plus: every ring size
 // 1, 2, 3, 4, 8 and both splits on odd and unequal lengths, GQA, causal and not, with each kernel
-// set the GPU has; P = 1 equal to the rank's stages bitwise; runs bitwise reproducible; the work
-// counted as on the CPU; refusals before anything is written.
+// set the GPU has; d = 256 on the Hopper set (refused on 08/09); P = 1 equal to the rank's stages
+// bitwise; runs bitwise reproducible; the work counted as on the CPU; refusals before anything is
+// written.
 // Needs a GPU (exits 77 without one). FA_TEST_SMALL=1 (compute-sanitizer) shrinks the shapes.
 #include <doctest/doctest.h>
 
@@ -32,20 +33,7 @@ namespace s12 = fa::stage12;
 
 constexpr auto make = &fa::test::make_problem;
 
-const fa::StageInfo& stage() { return fa::find_stage("12_ring_attention_gpu"); }
-
-struct RingOptions {
-  RingOptions(int ranks, s12::Split split, s12::RankKernels kernels = s12::RankKernels::Auto) {
-    stage().set_option("ranks", ranks);
-    stage().set_option("split", int64_t(split));
-    stage().set_option("kernels", int64_t(kernels));
-  }
-  ~RingOptions() {
-    stage().set_option("ranks", 0);
-    stage().set_option("split", 0);
-    stage().set_option("kernels", 0);
-  }
-};
+const fa::StageInfo& registered() { return fa::find_stage("12_ring_attention_gpu"); }
 
 // The current GPU is a Hopper (compute capability 9.x): both kernel sets run on it.
 bool on_hopper() {
@@ -54,6 +42,30 @@ bool on_hopper() {
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   return major == 9;
 }
+
+// The stage as this GPU runs it by default: d = 256 only where auto picks the Hopper kernels,
+// so the shared checks (which take their head dims from the stage) leave it out elsewhere.
+const fa::StageInfo& stage() {
+  static const fa::StageInfo on_this_gpu = [] {
+    fa::StageInfo s = registered();
+    if (!on_hopper()) s.head_dims = {64, 128};
+    return s;
+  }();
+  return on_this_gpu;
+}
+
+struct RingOptions {
+  RingOptions(int ranks, s12::Split split, s12::RankKernels kernels = s12::RankKernels::Auto) {
+    registered().set_option("ranks", ranks);
+    registered().set_option("split", int64_t(split));
+    registered().set_option("kernels", int64_t(kernels));
+  }
+  ~RingOptions() {
+    registered().set_option("ranks", 0);
+    registered().set_option("split", 0);
+    registered().set_option("kernels", 0);
+  }
+};
 
 // The kernel sets this GPU runs: 08/09 everywhere, 10/11 on Hopper.
 std::vector<s12::RankKernels> kernel_sets() {
@@ -175,9 +187,37 @@ TEST_CASE("stage 12 gpu: auto picks the Hopper stages on a Hopper GPU, and both 
   FA_CUDA_CHECK(cudaGetDevice(&device));
   CHECK(s12::runs_hopper(s12::RankKernels::Auto, {device}) == on_hopper());
   CHECK_FALSE(s12::runs_hopper(s12::RankKernels::TensorCores, {device}));
-  CHECK(s12::gpu_head_dims() == fa::stage11::kHeadDims);  // the Hopper backward has every head dim of 09
+  CHECK(s12::gpu_head_dims() == fa::stage11::kHeadDims);  // the Hopper set's head dims
   for (int d : s12::gpu_head_dims())
     CHECK(std::count(fa::stage10::kHeadDims.begin(), fa::stage10::kHeadDims.end(), d) == 1);
+  for (int d : fa::stage09::kHeadDims)  // the tensor-core set's are among them
+    CHECK(std::count(s12::gpu_head_dims().begin(), s12::gpu_head_dims().end(), d) == 1);
+}
+
+TEST_CASE("stage 12 gpu: d = 256 on the Hopper kernels (both splits, causal and not, P = 3), refused on 08/09") {
+  if (on_hopper()) {
+    uint64_t seed = 1270;
+    for (s12::Split split : {s12::Split::Zigzag, s12::Split::Plain})
+      for (bool causal : {false, true}) {
+        const RingOptions ring(3, split, s12::RankKernels::Hopper);
+        INFO(s12::split_name(split) << " split");
+        fa::test::expect_pass(stage(), make(1, 4, 2, 97, fa::test::small_mode() ? 97 : 200, 256, causal), Dtype::BF16,
+                              seed++, fa::Dist::Normal, true);
+      }
+  }
+  const Problem p = make(1, 2, 1, 64, 64, 256, false);
+  const fa::Tensors x = fa::Tensors::make(p, 1271, fa::Dist::Normal, true);
+  DeviceTensors d(p, Dtype::BF16, x);
+  const std::vector<std::vector<char>> before = d.outputs();
+  std::string what;
+  try {
+    d.ring(s12::GpuConfig{2, s12::Split::Plain, s12::TransportKind::Device, s12::RankKernels::TensorCores});
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  INFO("message: " << what);
+  CHECK(what.find("head_dim = 256 needs the Hopper kernels") != std::string::npos);
+  CHECK(d.outputs() == before);
 }
 
 TEST_CASE("stage 12 gpu: a ring is bitwise reproducible, and counts the CPU ring's work") {

@@ -314,6 +314,17 @@ def test_other_gpu():
     print("ok   tensors on cuda:1 with cuda:0 current")
 
 
+def test_head_dim_256_gpu():
+    """Models with d = 256 heads train through the op on Hopper: stage 11's backward (and
+    stage 12's ring, which runs 10 and 11 on its ranks) against torch in float64."""
+    _skip_gpu()
+    if torch.cuda.get_device_capability()[0] != 9:
+        raise _Skipped("d = 256 has a backward on Hopper only (stages 11 and 12's Hopper set)")
+    for stage in ("11", "12_ring_attention_gpu"):
+        for causal in (False, True):
+            check_stage(stage, "cuda", torch.bfloat16, causal, shape=(1, 4, 2, 130, 200, 256))
+
+
 def test_refusals_gpu():
     _skip_gpu()
     x = torch.zeros(1, 2, 4, 64, device="cuda", dtype=torch.float16)

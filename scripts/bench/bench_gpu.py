@@ -515,8 +515,8 @@ def hopper_sweep(bench, stages, quick=False, dims=(64, 128, 256)):
 
 def hopper_bwd_sweep(bench, stages, quick=False, dims=(64, 128, 256)):
     """--hopper with stage 11: the backward's steps (11d, the default; 11a-11c and the deterministic
-    mode as variants) on the 40 points of stage 09, and 11d alone at d = 256 (the steps before it
-    and the deterministic mode have no kernel there) on the same lengths, against the backward of
+    mode as variants) on the 40 points of stage 09, and 11d with its deterministic mode at d = 256
+    (the steps before it have no kernel there) on the same lengths, against the backward of
     SDPA's FlashAttention-2 and cuDNN backends measured in the same run; ratios to both."""
     print("\n== stage 11 (Hopper backward) against SDPA flash and cuDNN", flush=True)
     base = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
@@ -531,7 +531,7 @@ def hopper_bwd_sweep(bench, stages, quick=False, dims=(64, 128, 256)):
     for dt, d, n, causal in points:
         st = stages[0]
         r = bench.safe_point(stages, dt, 16384 // n, 2048 // d, n, d, causal, base,
-                             variants=steps if d < 256 else [])["bwd"]
+                             variants=steps if d < 256 else [("deterministic", 1)])["bwd"]
         get = lambda k: r.get(k, (0, float("nan")))[1]
         t11 = [get(f"{st}[step=1]"), get(f"{st}[step=2]"), get(f"{st}[step=3]"), get(st),
                get(f"{st}[deterministic=1]")]
@@ -622,7 +622,7 @@ def main():
     ap.add_argument("--steps", action="store_true",
                     help="only the steps of stages 08 and 09 (option step), bf16, against sdpa_flash")
     ap.add_argument("--hopper", action="store_true",
-                    help="stage 10's steps on the 08/09 points plus d = 256, and stage 11's on the 09 points, "
+                    help="stage 10's steps on the 08/09 points plus d = 256, and stage 11's on the 09 points plus d = 256, "
                          "against sdpa_flash and sdpa_cudnn")
     ap.add_argument("--head-dims", default="64,128,256",
                     help="with --hopper: the head dims of the sweeps (default 64,128,256)")

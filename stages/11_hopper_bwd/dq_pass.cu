@@ -28,17 +28,21 @@ namespace fa::stage11 {
 
 namespace {
 
-// B_c is the main kernel's, whose K and V tensor maps (boxes of B_c rows) this kernel shares.
-constexpr int kBlockMDq = 64, kBlockNDq = 128, kStagesDq = 2;
+// B_c is the main kernel's, whose K and V tensor maps (boxes of B_c rows) this kernel shares:
+// 128 keys at d = 64 and 128, 64 at d = 256 (there dQ_i alone takes 128 registers a thread).
+constexpr int kBlockMDq = 64, kStagesDq = 2;
+template <int d>
+constexpr int kBlockNDq = BwdTile<d>::kBlockN;
 
 /// Byte offsets in the block's dynamic shared memory (base 1024-aligned).
 template <int d>
 struct PlanDq {
+  static constexpr int B_c = kBlockNDq<d>;
   static constexpr uint32_t q = 0;                                       // Q_i [d/64][64][64]
   static constexpr uint32_t dO = q + tile_bytes(kBlockMDq, d);            // dO_i, like Q
   static constexpr uint32_t k = dO + tile_bytes(kBlockMDq, d);            // K_j [2][d/64][B_c][64]
-  static constexpr uint32_t v = k + kStagesDq * tile_bytes(kBlockNDq, d);  // V_j, like K
-  static constexpr uint32_t barriers = v + kStagesDq * tile_bytes(kBlockNDq, d);  // q_full, kv_full[2]
+  static constexpr uint32_t v = k + kStagesDq * tile_bytes(B_c, d);  // V_j, like K
+  static constexpr uint32_t barriers = v + kStagesDq * tile_bytes(B_c, d);  // q_full, kv_full[2]
   static constexpr uint32_t bytes_to_allocate = barriers + 8 * (1 + kStagesDq) + 1024;
   static_assert(bytes_to_allocate <= 227 * 1024, "more shared memory than a block may have");
 };
@@ -47,7 +51,7 @@ struct PlanDq {
 
 template <int d, class Elem, bool kCausal>
 __global__ void __launch_bounds__(128, 1) dq_kernel(const __grid_constant__ BwdParams p) {
-  constexpr int B_r = kBlockMDq, B_c = kBlockNDq, kStages = kStagesDq;
+  constexpr int B_r = kBlockMDq, B_c = kBlockNDq<d>, kStages = kStagesDq;
   using Plan = PlanDq<d>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024);
@@ -132,11 +136,11 @@ __global__ void __launch_bounds__(128, 1) dq_kernel(const __grid_constant__ BwdP
 }
 
 StepKernel dq_pass(int d, Dtype dtype, bool causal) {
-  return instantiate_step<64, 128>("11_hopper_bwd", "dq_pass", d, dtype, [&](auto dim, auto elem) {
+  return instantiate_step<64, 128, 256>("11_hopper_bwd", "dq_pass", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
     return make_step_kernel(causal, dq_kernel<D, Elem, true>, dq_kernel<D, Elem, false>, Threads{128},
-                            BlockRows{kBlockMDq}, BlockCols{kBlockNDq}, SmemBytes{PlanDq<D>::bytes_to_allocate});
+                            BlockRows{kBlockMDq}, BlockCols{kBlockNDq<D>}, SmemBytes{PlanDq<D>::bytes_to_allocate});
   });
 }
 

@@ -167,11 +167,7 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
 }
 
 StepKernel step_11d(int d, Dtype dtype, bool causal, bool with_dq) {
-  if (d == 256) {
-    if (!with_dq)
-      throw std::invalid_argument("11_hopper_bwd: the deterministic mode is built for head_dim = 64 and 128 (asked: 256)");
-    return step_11d_256(dtype, causal);
-  }
+  if (d == 256) return step_11d_256(dtype, causal, with_dq);
   return instantiate_step<64, 128>("11_hopper_bwd", "11d", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);

@@ -106,7 +106,8 @@ __device__ inline void write_dq_256(const Shared& sm, const BwdParams& p, const 
   bulk_wait<0>();  // every addition has reached global memory
 }
 
-template <class Elem, bool kCausal>
+/// kWithDq = false (the deterministic mode): dK_j and dV_j only; dQ comes from dq_pass.cu.
+template <class Elem, bool kCausal, bool kWithDq>
 __global__ void __launch_bounds__(Specialized::kThreads, 1) bwd_11d_256(const __grid_constant__ BwdParams p) {
   extern __shared__ unsigned char smem[];
   const Shared256<Elem> sm(smem);
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(Specialized::kThreads, 1) bwd_11d_256(const __
   if (warpgroup == 0) {  // ---- producer (warp 0) and dQ writer (warp 1) ----
     setmaxnreg_dec<Specialized::kProducerRegisters>();
     if (threadIdx.x == 0) Specialized::produce(sm, p, work);
-    if (threadIdx.x == 32) write_dq_256(sm, p, work);
+    if (kWithDq && threadIdx.x == 32) write_dq_256(sm, p, work);
     return;
   }
   // ---- consumer c: queries [32c, 32c + 32) of Sᵀ and dPᵀ; columns [128c, 128c + 128) ----
@@ -155,23 +156,30 @@ __global__ void __launch_bounds__(Specialized::kThreads, 1) bwd_11d_256(const __
     fence_proxy_async_smem();  // the generic stores, before wgmma reads them
     named_barrier_sync(Specialized::kConsumersBarrier, 256);  // both halves are in shared memory
 
-    float dq[kCols / 2];  // dQ_i [64 queries, this consumer's 128 columns] from this key tile
     wgmma_fence();
     gemm_nt<kCols>(dv, pt, sm.do_stage(0), 2 * c);
     gemm_nt<kCols>(dk, dst, sm.q_stage(0), 2 * c);
     wgmma_commit();
-    gemm_dq<kBc, kCols>(dq, dst, 0, sm.k, 2 * c);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV and dK are done: Q_i and dO_i are no longer read
-    fence_registers(dv);
-    fence_registers(dk);
-    mbarrier_arrive(&sm.empty[0]);  // the producer may load the next tile under the dQ product
-    wgmma_wait<0>();
-    fence_registers(dq);
-    mbarrier_wait(sm.dq_empty, (n & 1) ^ 1);  // the writer has read step n − 1's blocks
-    stage_dq_256(dq, sm.staging + 2 * c * kBlock);
-    fence_proxy_async_smem();  // the copy engine reads what these generic stores wrote
-    mbarrier_arrive(&sm.dq_full[c]);
+    if constexpr (!kWithDq) {
+      wgmma_wait<0>();
+      fence_registers(dv);
+      fence_registers(dk);
+      mbarrier_arrive(&sm.empty[0]);
+    } else {
+      float dq[kCols / 2];  // dQ_i [64 queries, this consumer's 128 columns] from this key tile
+      gemm_dq<kBc, kCols>(dq, dst, 0, sm.k, 2 * c);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dK are done: Q_i and dO_i are no longer read
+      fence_registers(dv);
+      fence_registers(dk);
+      mbarrier_arrive(&sm.empty[0]);  // the producer may load the next tile under the dQ product
+      wgmma_wait<0>();
+      fence_registers(dq);
+      mbarrier_wait(sm.dq_empty, (n & 1) ^ 1);  // the writer has read step n − 1's blocks
+      stage_dq_256(dq, sm.staging + 2 * c * kBlock);
+      fence_proxy_async_smem();  // the copy engine reads what these generic stores wrote
+      mbarrier_arrive(&sm.dq_full[c]);
+    }
   }
   write_rows<kD, Elem, kCols>(dv, 1.f, p.dV, work.bkv, work.key0, p.seq_k, kCols * c);
   write_rows<kD, Elem, kCols>(dk, p.scale, p.dK, work.bkv, work.key0, p.seq_k, kCols * c);
@@ -179,12 +187,16 @@ __global__ void __launch_bounds__(Specialized::kThreads, 1) bwd_11d_256(const __
 
 }  // namespace
 
-StepKernel step_11d_256(Dtype dtype, bool causal) {
+StepKernel step_11d_256(Dtype dtype, bool causal, bool with_dq) {
   return instantiate_step<256>("11_hopper_bwd", "11d", 256, dtype, [&](auto, auto elem) {
     using Elem = decltype(elem);
-    return make_step_kernel(causal, bwd_11d_256<Elem, true>, bwd_11d_256<Elem, false>, Threads{Specialized::kThreads},
-                            BlockRows{kBr}, BlockCols{kBc},
-                            SmemBytes{Shared256<Elem>::Plan::bytes_to_allocate});
+    const Threads threads{Specialized::kThreads};
+    const SmemBytes smem{Shared256<Elem>::Plan::bytes_to_allocate};
+    if (!with_dq)
+      return make_step_kernel(causal, bwd_11d_256<Elem, true, false>, bwd_11d_256<Elem, false, false>, threads,
+                              BlockRows{kBr}, BlockCols{kBc}, smem);
+    return make_step_kernel(causal, bwd_11d_256<Elem, true, true>, bwd_11d_256<Elem, false, true>, threads,
+                            BlockRows{kBr}, BlockCols{kBc}, smem);
   });
 }
 

@@ -20,7 +20,7 @@ StepKernel step_11c(int d, Dtype dtype, bool causal);  // 11c_overlap.cu
 /// with_dq = false: the deterministic mode's dK/dV kernel, without the dQ product.
 StepKernel step_11d(int d, Dtype dtype, bool causal, bool with_dq = true);  // hopper_bwd.cu (the final design)
 /// Step 11d at d = 256, the columns of dK, dV, dQ split between the consumers (step_11d calls it).
-StepKernel step_11d_256(Dtype dtype, bool causal);  // hopper_bwd_256.cu
+StepKernel step_11d_256(Dtype dtype, bool causal, bool with_dq);  // hopper_bwd_256.cu
 /// The deterministic mode's dQ kernel: one block per (query tile of 64 rows, head); its
 /// block_rows are the query rows of a block, block_cols the keys per step.
 StepKernel dq_pass(int d, Dtype dtype, bool causal);  // dq_pass.cu

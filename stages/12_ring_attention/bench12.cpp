@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "batch");
   app.add_option("--heads", heads, "query heads");
   app.add_option("--kv-heads", kv_heads, "key/value heads (0: = heads)");
-  app.add_option("--head-dim", head_dim, "head dim (64 or 128)");
+  app.add_option("--head-dim", head_dim, "head dim (64, 128; 256 with the Hopper kernels)");
   app.add_option("--dtype", dtype_text, "bf16 or f16");
   app.add_option("--transport", transport_text, "nccl (rank r on GPU r) or device (virtual ranks on GPU 0)");
   app.add_option("--kernels", kernels_text,
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
                                               : s12::RankKernels::Hopper;
     const auto& dims = s12::gpu_head_dims();
     if (std::find(dims.begin(), dims.end(), head_dim) == dims.end())
-      refuse("head dim = " + std::to_string(head_dim) + " is not supported (64 or 128)");
+      refuse("head dim = " + std::to_string(head_dim) + " is not supported (64, 128, or 256 with the Hopper kernels)");
     if (reps < 1 || warmup < 0) refuse("reps = " + std::to_string(reps) + ", warmup = " + std::to_string(warmup) +
                                        " (reps must be at least 1, warmup at least 0)");
     if (budget_s < 0) refuse("budget = " + std::to_string(budget_s) + " s is negative");

@@ -48,8 +48,8 @@ struct GpuConfig {
 /// naming it, and for a value that is not a RankKernels.
 bool runs_hopper(RankKernels k, const std::vector<int>& devices);
 
-/// Head dims with a forward and a backward kernel in both kernel sets: stage 09's kHeadDims,
-/// which are stage 11's (a test checks it).
+/// Head dims of the ring: those of the Hopper kernel set, stage 11's kHeadDims (64, 128, 256).
+/// A ring on the tensor-core set (stages 08 and 09) takes 64 and 128 and refuses 256.
 const std::vector<int>& gpu_head_dims();
 
 /// True when this tree was configured with NCCL (the Nccl transport is built in).
