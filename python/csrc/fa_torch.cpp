@@ -15,8 +15,9 @@
 // Everything per call is what the call needs: the argument checks, two or three output
 // tensors, and the stage's launch. The stage's own checks and messages come through the C
 // ABI (common/fa_c.h) as Python exceptions: ValueError for what the stage refuses,
-// RuntimeError for what failed while running. Stage 14's decode and append_kv are in the same
-// library; their kernels are in fa_torch_decode.cpp.
+// RuntimeError for what failed while running. Stage 13's masked_forward and masked_backward
+// (fa_torch_masked.cpp) and stage 14's decode and append_kv (fa_torch_decode.cpp) are in the
+// same library.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -245,6 +246,15 @@ TORCH_LIBRARY(fa_attention, m) {
   m.def(
       "backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale, str stage)"
       " -> (Tensor, Tensor, Tensor)");
+  // Stage 13, masks and score modifiers (fa_torch_masked.cpp holds the kernels).
+  m.def(
+      "masked_forward(Tensor q, Tensor k, Tensor v, bool causal, float scale, int? window_left, int? window_right,"
+      " float softcap, Tensor? alibi_slopes, Tensor? sinks, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,"
+      " int? max_seqlen_q, int? max_seqlen_k) -> (Tensor, Tensor)");
+  m.def(
+      "masked_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
+      " int? window_left, int? window_right, float softcap, Tensor? alibi_slopes, Tensor? sinks,"
+      " Tensor? cu_seqlens_q, Tensor? cu_seqlens_k) -> (Tensor, Tensor, Tensor, Tensor)");
   // Stage 14, decoding (fa_torch_decode.cpp holds the kernels). append_kv writes the caches in
   // place: (a!) and (b!) tell the dispatcher and torch.compile that it mutates them.
   m.def(
