@@ -67,7 +67,7 @@ def reference(q, k, v, sinks, causal, scale, dtype, window=None, softcap=None, a
     """Plain attention under the modifiers in `dtype`, differentiable by torch's autograd:
     (O, L, leaves). A row that sees nothing has O = 0 and L = its sink (or -inf)."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    s_leaf = sinks.detach().to(dtype).requires_grad_() if sinks is not None else None
+    s_leaf = sinks.detach().to(q.device, dtype).requires_grad_() if sinks is not None else None
     q, k, v = leaves
     h, nq, nk = q.shape[1], q.shape[2], k.shape[2]
     kk, vv = (t.repeat_interleave(h // k.shape[1], dim=1) for t in (k, v))
