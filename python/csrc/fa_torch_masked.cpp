@@ -61,7 +61,8 @@ struct Args {
   OptTensor alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k;
 };
 
-// ---- what the C ABI cannot see: ranks, dtypes, devices (on symbolic sizes, for Meta too) ----
+// ---- what the C ABI cannot see: ranks, dtypes, devices (on symbolic sizes, for Meta too);
+// q, k, v and the saved tensors by fa_torch.h's check_inputs and check_saved ----
 
 void check_vector(const char* name, const OptTensor& t, const Tensor& q, bool any_device) {
   if (!t) return;
@@ -86,35 +87,6 @@ void check_args(const Tensor& q, const Args& a) {
   check_vector("sinks", a.sinks, q, false);
   check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, q);
   check_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, q);
-}
-
-// The shapes the forward and backward take (fa_torch.cpp's rule, restated for this op's name).
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
-  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-                    "attention: q, k, v must be [batch, heads, seq, head_dim]; got shapes ", q.sym_sizes(), ", ",
-                    k.sym_sizes(), ", ", v.sym_sizes());
-  TORCH_CHECK_VALUE(k.sym_sizes() == v.sym_sizes() && k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3),
-                    "attention: k ", k.sym_sizes(), " and v ", v.sym_sizes(), " must be [", q.sym_size(0),
-                    ", kv_heads, seq_k, ", q.sym_size(3), "] for q ", q.sym_sizes());
-  TORCH_CHECK_VALUE(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v on different devices (",
-                    q.device(), ", ", k.device(), ", ", v.device(), ")");
-  TORCH_CHECK_VALUE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-                    "attention: q, k, v of different dtypes (", dtype_name(q.scalar_type()), ", ",
-                    dtype_name(k.scalar_type()), ", ", dtype_name(v.scalar_type()), ")");
-}
-
-void check_saved(const Tensor& q, const Tensor& o, const Tensor& lse, const Tensor& d_o) {
-  const auto rows = q.sym_sizes().slice(0, 3);
-  TORCH_CHECK_VALUE(o.sym_sizes() == q.sym_sizes() && d_o.sym_sizes() == q.sym_sizes() && lse.sym_sizes() == rows,
-                    "attention backward: O ", o.sym_sizes(), " and dO ", d_o.sym_sizes(), " must be ", q.sym_sizes(),
-                    ", L ", lse.sym_sizes(), " must be ", rows);
-  TORCH_CHECK_VALUE(o.scalar_type() == q.scalar_type() && d_o.scalar_type() == q.scalar_type() &&
-                        lse.scalar_type() == at::kFloat,
-                    "attention backward: O and dO must be q's dtype and L torch.float32; got ",
-                    dtype_name(o.scalar_type()), ", ", dtype_name(d_o.scalar_type()), ", ",
-                    dtype_name(lse.scalar_type()));
-  TORCH_CHECK_VALUE(o.device() == q.device() && d_o.device() == q.device() && lse.device() == q.device(),
-                    "attention backward: O, L, dO must be on ", q.device());
 }
 
 // The dtypes each device's stage-13 entry points take.
@@ -155,8 +127,7 @@ std::vector<int32_t> host_ints(const char* name, const Tensor& t) {
   return out;
 }
 
-// HostModifiers is returned by value into a variable the call keeps, then its pointers are set:
-// they point into its own vectors.
+// fa_modifiers' arrays point into the vectors beside it (filled first, never resized after).
 void point(HostModifiers& h) {
   h.c.size = sizeof(fa_modifiers);
   h.c.alibi_slopes = h.alibi_slopes.empty() ? nullptr : h.alibi_slopes.data();
@@ -202,16 +173,6 @@ void check_max_seqlen(const char* name, const OptInt& max_seqlen, const std::vec
                     cu.empty() ? "sequence (" : "document (", longest, "); it must be at least that");
 }
 
-fa_problem problem_of(const Tensor& q, const Tensor& k, bool causal, double scale) {
-  const auto narrow = [](int64_t n, const char* what) {
-    TORCH_CHECK_VALUE(n >= 0 && n <= INT32_MAX, "attention: ", what, " = ", n, " exceeds 2^31 - 1");
-    return int32_t(n);
-  };
-  return fa_problem{narrow(q.size(0), "batch"), narrow(q.size(1), "heads"), narrow(k.size(1), "kv_heads"),
-                    narrow(q.size(2), "seq_q"), narrow(k.size(2), "seq_k"), narrow(q.size(3), "head_dim"),
-                    causal ? 1 : 0,             float(scale)};
-}
-
 // ---- the CPU and CUDA kernels: one body each, the device decides the entry point ----
 
 Forward forward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal, double scale,
@@ -219,7 +180,7 @@ Forward forward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                      const OptTensor& sinks, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
                      OptInt max_seqlen_q, OptInt max_seqlen_k) {
   const Args a{window_left, window_right, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k};
-  check_qkv(q_in, k_in, v_in);
+  check_inputs(q_in, k_in, v_in);
   check_device_dtype(q_in);
   check_args(q_in, a);
   const Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -250,7 +211,7 @@ Backward backward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                        OptInt window_right, double softcap, const OptTensor& alibi_slopes, const OptTensor& sinks,
                        const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k) {
   const Args a{window_left, window_right, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k};
-  check_qkv(q_in, k_in, v_in);
+  check_inputs(q_in, k_in, v_in);
   check_device_dtype(q_in);
   check_saved(q_in, o_in, lse_in, do_in);
   check_args(q_in, a);
@@ -286,7 +247,7 @@ Backward backward_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
 Forward forward_meta(const Tensor& q, const Tensor& k, const Tensor& v, bool, double, OptInt window_left,
                      OptInt window_right, double softcap, const OptTensor& alibi_slopes, const OptTensor& sinks,
                      const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, OptInt, OptInt) {
-  check_qkv(q, k, v);
+  check_inputs(q, k, v);
   check_args(q, Args{window_left, window_right, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k});
   return {at::empty_symint(q.sym_sizes(), q.options()),
           at::empty_symint(q.sym_sizes().slice(0, 3), q.options().dtype(at::kFloat))};
@@ -296,7 +257,7 @@ Backward backward_meta(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const Tensor& d_o, bool, double, OptInt window_left, OptInt window_right, double softcap,
                        const OptTensor& alibi_slopes, const OptTensor& sinks, const OptTensor& cu_seqlens_q,
                        const OptTensor& cu_seqlens_k) {
-  check_qkv(q, k, v);
+  check_inputs(q, k, v);
   check_saved(q, o, lse, d_o);
   check_args(q, Args{window_left, window_right, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k});
   const c10::SymInt heads = sinks ? sinks->sym_size(0) : c10::SymInt(0);
