@@ -129,6 +129,59 @@ int fa_append_kv_device(const fa_decode_problem* p, fa_dtype dtype, const int32_
                         const void* K_new, const void* V_new, void* K_cache, void* V_cache,
                         const int32_t* block_table, void* stream);
 
+/* Stage 13 (docs/design.md §13): attention under modifiers, on the layouts of fa_problem.
+   What changes one attention into another, as common/modifiers.h defines it: a sliding window
+   (row i of a document sees key j when diag - window_left <= j <= diag + window_right, diag =
+   i + n_k - n_q the causal alignment; a side not set is unbounded), documents packed into one
+   row of the batch (batch = 1) by cu_seqlens_q / cu_seqlens_k (documents + 1 int32 entries
+   each: from 0, non-decreasing, the last at most seq_q / seq_k; empty documents allowed; rows
+   past the last document see nothing), a logit soft-cap (s <- cap * tanh(s / cap); 0: off),
+   ALiBi (s <- s + slope_h * (j - diag)) and attention sinks (a logit per head in every row's
+   softmax denominator, learnable: the backward returns its gradient). Every array here is in
+   host memory, the device entries' too: the launch builds its work list from the documents
+   on the host and uploads it with the slopes and sinks. `size` is sizeof(fa_modifiers) as the
+   caller compiled it: later versions append fields and read only what the caller's size
+   holds. A zeroed struct with its size set is plain attention. */
+typedef struct fa_modifiers {
+  uint32_t size;                     /* sizeof(fa_modifiers) */
+  int32_t has_window_left;           /* 0 or 1: 0 leaves the left side unbounded */
+  int32_t has_window_right;          /* 0 or 1 */
+  int32_t n_alibi_slopes;            /* heads, or 0: no ALiBi */
+  int64_t window_left, window_right; /* keys before / after the diagonal, >= 0 when set */
+  double softcap;                    /* > 0, or 0 for none */
+  const float* alibi_slopes;         /* [n_alibi_slopes], or NULL */
+  const float* sinks;                /* [n_sinks] logits, or NULL */
+  const int32_t* cu_seqlens_q;       /* [n_cu_seqlens], or NULL: the whole sequence is one document */
+  const int32_t* cu_seqlens_k;       /* [n_cu_seqlens] */
+  int32_t n_sinks;                   /* heads, or 0: no sinks */
+  int32_t n_cu_seqlens;              /* documents + 1, or 0 */
+} fa_modifiers;
+
+/* Host buffers, fp32: stage 13's CPU step (stage 06's tiled loop under the block mask).
+   Everything is checked before anything is written (stage 13's own checks: a negative window,
+   softcap < 0 or not finite, slopes or sinks not one per query head, cu_seqlens not from 0,
+   decreasing, ending past the tensor, of different lengths, or with batch != 1), refused with
+   FA_ERR_INVALID and a message naming the value. The backward returns dsinks ([heads], summed
+   over the batch) when sinks are given; dsinks may be NULL without them. */
+int fa_forward_masked(const fa_problem* p, const fa_modifiers* m, const float* Q, const float* K,
+                      const float* V, float* O, float* L);
+int fa_backward_masked(const fa_problem* p, const fa_modifiers* m, const float* Q, const float* K,
+                       const float* V, const float* O, const float* L, const float* dO, float* dQ,
+                       float* dK, float* dV, float* dsinks);
+
+/* Device buffers in FA_F16 or FA_BF16 (L and dsinks fp32), head_dim 64 or 128, 16-byte
+   aligned: stage 13's Hopper kernels on `stream` (a GPU of compute capability 9.x; another is
+   FA_ERR_RUNTIME). The modifiers' arrays are host arrays, checked as above before anything is
+   launched; the call uploads them (stream-ordered, from pinned memory) and does not
+   synchronise. dsinks ([heads], device) is required with sinks. */
+int fa_forward_masked_device(const fa_problem* p, const fa_modifiers* m, fa_dtype dtype,
+                             const void* Q, const void* K, const void* V, void* O, float* L,
+                             void* stream);
+int fa_backward_masked_device(const fa_problem* p, const fa_modifiers* m, fa_dtype dtype,
+                              const void* Q, const void* K, const void* V, const void* O,
+                              const float* L, const void* dO, void* dQ, void* dK, void* dV,
+                              float* dsinks, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,6 +21,14 @@ Four checks:
   is near zero (each moves by about lr·sign(gradient)), so two exact attentions part by 1e-5 on
   one CPU and by 7e-3 on another. The lock-step check covers those steps instead.
 
+- document masking (train.py's documents=True, run_all.py --documents): each file of the
+  repository a document, every token attending only within its own. In lock-step along sdpa's
+  run with the dense document mask, stage 13 (the rows packed into one with cu_seqlens) computes
+  the loss and the gradients from sdpa's weights on batches whose rows straddle files' ends;
+  the bound is the lock-step check's, from an exact control with the same dense mask. The mask
+  must matter: without it the loss moves by far more than the bound. And run_all.py --documents
+  trains with both backends.
+
 - the generation (generate.py): greedy tokens from a KV cache through stage 14's ops (append_kv,
   decode), contiguous and paged, equal those of full recomputation with sdpa, token for token.
 
@@ -121,7 +129,7 @@ def test_lockstep():
         ours, control = GPT(s["cfg"], attention_backend("06")), GPT(s["cfg"], exact_attention)
         worst = {}  # "loss" / "gradient" -> (06's distance / its bound, step, 06's distance, control's)
         for step in range(STEPS):
-            inputs, targets = trainer.to_device(data.train_batch(step))
+            inputs, targets, _ = trainer.to_device(data.train_batch(step))
             # Trainer.train_step, with the others' losses and gradients taken before the update.
             for group in trainer.opt.param_groups:
                 group["lr"] = trainer.lr_at(step)
@@ -150,6 +158,96 @@ def test_lockstep():
                   f"closest to the bound 3 x control + 8 ulps: {ratio:.2f} of it")
             assert ratio <= 1, (f"{task}: at step {step} the {what} of 06 lies {d_06:.1e} from sdpa's, more than "
                                 f"3 x {d_control:.1e} (the exact control's distance) + 8 ulps")
+
+
+def exact_documents(q, k, v, documents):
+    """The control with documents: sdpa in float64 with the dense document mask, rounded to fp32."""
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                          attn_mask=documents.dense_mask()).float()
+
+
+def test_documents():
+    """Stage 13's document masking along sdpa's (dense mask) training run, in lock-step: the
+    loss and the gradient within 3 times the exact control's distance from sdpa, plus 8 ulps."""
+    import numpy as np
+
+    import run_all
+    from data import TextData, cu_seqlens_of
+    from model import GPT, attention_backend
+    from train import Trainer
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    s = run_all.task_settings(tiny=True)["text"]
+    T, B, steps = s["cfg"].context, s["batch"], 5
+    data = TextData(context=T, batch=B, seed=0, documents=True)
+    # Rows that start a third of a window before a file's start: each holds the end of one
+    # document and the start of the next (more where files are short).
+    last = len(data.train) - T - 1
+    batches = [data.train_windows(np.clip(data.train_starts[1 + B * step + np.arange(B)] - T // 3, 0, last))
+               for step in range(steps)]
+    documents = sum(len(cu_seqlens_of(b[2])[0]) - 1 for b in batches)
+    assert documents >= 2 * B * steps, f"the test's batches hold {documents} documents in {B * steps} rows"
+    floor = 8 * 2.0 ** -24
+    flat = lambda model: torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    trainer = Trainer(data, s["cfg"], "sdpa", "cpu", s["lr"], total_steps=steps, seed=0, documents=True)
+    ours, control = GPT(s["cfg"], attention_backend("13")), GPT(s["cfg"], exact_documents)
+    worst = {}
+    for step, batch in enumerate(batches):
+        inputs, targets, docs = trainer.to_device(batch)
+        for group in trainer.opt.param_groups:
+            group["lr"] = trainer.lr_at(step)
+        _, loss_ref = trainer.model(inputs, targets, documents=docs)
+        trainer.opt.zero_grad(set_to_none=True)
+        loss_ref.backward()
+        grad_ref = flat(trainer.model)
+        distance = {}
+        for name, model in (("13", ours), ("control", control)):
+            model.load_state_dict(trainer.model.state_dict())
+            model.zero_grad(set_to_none=True)
+            _, loss = model(inputs, targets, documents=docs)
+            loss.backward()
+            distance[name] = (abs(loss.item() - loss_ref.item()) / loss_ref.item(),
+                              ((flat(model) - grad_ref).norm() / grad_ref.norm()).item())
+        if step == 0:  # the mask matters: plain causal attention is far from the document mask
+            with torch.no_grad():
+                _, plain = trainer.model(inputs, targets)
+            moved = abs(plain.item() - loss_ref.item()) / loss_ref.item()
+            bound = 3 * distance["control"][0] + floor
+            print(f"{'ok  ' if moved > 10 * bound else 'FAIL'} documents: without the mask the loss moves by "
+                  f"{moved:.1e}, {moved / bound:.0f} times the bound")
+            assert moved > 10 * bound, f"the document mask moves the loss by only {moved:.1e} (bound {bound:.1e})"
+        for i, what in enumerate(("loss", "gradient")):
+            d_13, d_control = distance["13"][i], distance["control"][i]
+            ratio = d_13 / (3 * d_control + floor)
+            if ratio >= worst.get(what, (-1,))[0]:
+                worst[what] = (ratio, step, d_13, d_control)
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
+        trainer.opt.step()
+    for what, (ratio, step, d_13, d_control) in worst.items():
+        print(f"{'ok  ' if ratio <= 1 else 'FAIL'} documents, lock-step over {steps} steps ({documents} documents "
+              f"in {B * steps} rows): the {what} of 13 lies {d_13:.1e} from sdpa's, the control's {d_control:.1e} "
+              f"at step {step}, the step closest to the bound 3 x control + 8 ulps: {ratio:.2f} of it")
+        assert ratio <= 1, (f"documents: at step {step} the {what} of 13 lies {d_13:.1e} from sdpa's, more than "
+                            f"3 x {d_control:.1e} (the exact control's distance) + 8 ulps")
+
+
+def test_documents_run():
+    """run_all.py --documents: sdpa (dense mask) and stage 13 train the tiny text model; their
+    step-0 losses agree, and the files are written."""
+    import report
+    import run_all
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    with tempfile.TemporaryDirectory() as out:
+        rc = run_all.main(["--out", out, "--device", "cpu", "--tiny", "--documents", "--steps", "6",
+                           "--prefix", "test_documents"])
+        assert rc == 0, f"run_all --documents returned {rc}"
+        rows = report.read_csv(pathlib.Path(out) / "test_documents_text.csv")
+        first = {r["backend"]: r["loss"] for r in rows if r["step"] == 0}
+        assert set(first) == {"sdpa", "13"}, f"backends that ran: {sorted(first)}"
+        d = abs(first["13"] - first["sdpa"]) / first["sdpa"]
+        print(f"{'ok  ' if d < 1e-6 else 'FAIL'} run_all --documents: stage 13 and sdpa, relative loss "
+              f"difference {d:.1e} at step 0")
+        assert d < 1e-6, f"run_all --documents: losses of 13 and sdpa differ by {d:.1e} at step 0"
 
 
 def test_tiny_run():
@@ -199,6 +297,8 @@ def main():
         return 77
     test_gradients()
     test_lockstep()
+    test_documents()
+    test_documents_run()
     test_tiny_run()
     test_kv_cache_generation()
     print("all passed")

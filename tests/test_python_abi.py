@@ -132,5 +132,140 @@ try:
 except fa.FaError as e:
     check("threads = 1073741824 is not allowed" in str(e), f"threads = 2^30 refused: {e}")
 
+# Stage 13 through fa_forward_masked / fa_backward_masked: the CPU step under every modifier
+# against a float64 numpy reference that decides the mask element by element (modifiers.h's
+# definitions), then its refusals.
+
+
+def masked_reference(Q, K, V, dO, causal, scale, window=None, softcap=0.0, alibi_slopes=None, sinks=None,
+                     cu_seqlens_q=None, cu_seqlens_k=None):
+    """Dense float64 attention under the modifiers: (O, L, dQ, dK, dV, dsinks)."""
+    Q, K, V, dO = (np.asarray(x, np.float64) for x in (Q, K, V, dO))
+    b, h, nq, d = Q.shape
+    hkv, nk = K.shape[1], K.shape[2]
+    cu_q = list(cu_seqlens_q) if cu_seqlens_q is not None else [0, nq]
+    cu_k = list(cu_seqlens_k) if cu_seqlens_k is not None else [0, nk]
+    keep = np.zeros((nq, nk), bool)
+    dist = np.zeros((nq, nk))  # j - diag, for ALiBi
+    for doc in range(len(cu_q) - 1):
+        n_q, n_k = cu_q[doc + 1] - cu_q[doc], cu_k[doc + 1] - cu_k[doc]
+        for i in range(n_q):
+            diag = i + n_k - n_q
+            for j in range(n_k):
+                ok = (not causal or j <= diag)
+                if window is not None and window[0] is not None:
+                    ok = ok and j >= diag - window[0]
+                if window is not None and window[1] is not None:
+                    ok = ok and j <= diag + window[1]
+                keep[cu_q[doc] + i, cu_k[doc] + j] = ok
+                dist[cu_q[doc] + i, cu_k[doc] + j] = j - diag
+    Kr, Vr = np.repeat(K, h // hkv, axis=1), np.repeat(V, h // hkv, axis=1)
+    raw = scale * Q @ np.swapaxes(Kr, -1, -2)
+    S = softcap * np.tanh(raw / softcap) if softcap else raw.copy()
+    if alibi_slopes is not None:
+        S = S + np.asarray(alibi_slopes, np.float64)[None, :, None, None] * dist
+    S = np.where(keep, S, -np.inf)
+    sink = np.asarray(sinks, np.float64)[None, :, None] if sinks is not None else np.full((1, h, 1), -np.inf)
+    both = np.concatenate([np.broadcast_to(sink, (b, h, nq))[..., None], S], axis=-1)
+    m = both.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        L = (m + np.log(np.exp(both - m).sum(axis=-1, keepdims=True)))[..., 0]
+    P = np.where(np.isfinite(L)[..., None], np.exp(S - np.where(np.isfinite(L), L, 0.0)[..., None]), 0.0)
+    O = P @ Vr
+    D = (dO * O).sum(-1)
+    dS = P * (dO @ np.swapaxes(Vr, -1, -2) - D[..., None])
+    if softcap:
+        dS = dS * (1 - np.tanh(raw / softcap) ** 2)
+    dQ = scale * dS @ Kr
+    group = lambda x: x.reshape(b, hkv, h // hkv, nk, d).sum(axis=2)  # noqa: E731
+    dK = group(scale * np.swapaxes(dS, -1, -2) @ Q)
+    dV = group(np.swapaxes(P, -1, -2) @ dO)
+    dsinks = -(np.exp(sink - np.where(np.isfinite(L), L, np.inf)) * D).sum(axis=(0, 2)) if sinks is not None else None
+    return O, L, dQ, dK, dV, dsinks
+
+
+def max_err(a, b):
+    finite = np.isfinite(b)
+    return float(np.max(np.abs(a[finite] - b[finite]), initial=0.0)) if np.array_equal(np.isfinite(a), finite) \
+        else float("inf")
+
+
+slopes4 = [2.0 ** (-8 * (i + 1) / 4) for i in range(4)]  # the usual geometric series, 4 heads
+masked_cases = [
+    # documents (one empty, one of one token, rows past the last), causal, a left window, every
+    # score modifier and sinks, GQA
+    dict(shape=(1, 4, 2, 50, 50, 16), causal=True,
+         mods=dict(window=(7, None), softcap=2.0, alibi_slopes=slopes4, sinks=[0.5, -1.0, 2.0, 0.0],
+                   cu_seqlens_q=[0, 13, 13, 14, 40], cu_seqlens_k=[0, 20, 21, 22, 45])),
+    # no documents, a two-sided window over seq_q != seq_k, batch 2
+    dict(shape=(2, 2, 2, 37, 29, 8), causal=False, mods=dict(window=(5, 3), softcap=30.0)),
+]
+for case in masked_cases:
+    b, h, hkv, nq, nk, d = case["shape"]
+    Q = rng.standard_normal((b, h, nq, d), dtype=np.float32)
+    K = rng.standard_normal((b, hkv, nk, d), dtype=np.float32)
+    V = rng.standard_normal((b, hkv, nk, d), dtype=np.float32)
+    dO = rng.standard_normal((b, h, nq, d), dtype=np.float32)
+    mods = case["mods"]
+    O, L = fa.forward_masked(Q, K, V, causal=case["causal"], **mods)
+    dQ, dK, dV, dsinks = fa.backward_masked(Q, K, V, O, L, dO, causal=case["causal"], **mods)
+    ref = masked_reference(Q, K, V, dO, case["causal"], 1 / np.sqrt(d), **mods)
+    errs = [max_err(x, r) for x, r in zip((O, L, dQ, dK, dV), ref[:5])]
+    if ref[5] is not None:
+        errs.append(max_err(dsinks, ref[5]))
+    check(max(errs) < 1e-4 and (dsinks is None) == (ref[5] is None),
+          f"fa_forward_masked / fa_backward_masked {case['shape']} {sorted(mods)}: max errors "
+          + " ".join(f"{e:.1e}" for e in errs))
+
+# Bad modifiers: FA_ERR_INVALID with the stage's message naming the value, outputs untouched;
+# the device entries refuse the same, before they look for a GPU.
+p = fa.Problem(1, 2, 2, 8, 8, 16, 0, 0.0)
+Q = np.zeros((1, 2, 8, 16), np.float32)
+O = np.full((1, 2, 8, 16), 7.0, np.float32)
+L = np.full((1, 2, 8), 7.0, np.float32)
+dsinks = np.full(2, 7.0, np.float32)
+ptrs = [a.ctypes.data_as(f32p) for a in (Q, Q, Q, O, L)]
+bwd_ptrs = [a.ctypes.data_as(f32p) for a in (Q, Q, Q, Q, L, Q, O, O, O, dsinks)]
+for mods, says in [(dict(cu_seqlens_q=[1, 8], cu_seqlens_k=[0, 8]), b"cu_seqlens_q starts at 1"),
+                   (dict(cu_seqlens_q=[0, 5, 3], cu_seqlens_k=[0, 4, 8]), b"cu_seqlens_q decreases at entry 2"),
+                   (dict(cu_seqlens_q=[0, 4, 8], cu_seqlens_k=[0, 4, 9]), b"cu_seqlens_k ends at 9"),
+                   (dict(window=(-1, None)), b"window_left = -1"),
+                   (dict(window=(None, -3)), b"window_right = -3"),
+                   (dict(softcap=-1.0), b"softcap = -1"),
+                   (dict(softcap=float("inf")), b"softcap = inf"),
+                   (dict(alibi_slopes=[0.5]), b"alibi_slopes has 1 entries"),
+                   (dict(sinks=[0.0, 1.0, 2.0]), b"sinks has 3 entries")]:
+    m, keep = fa.modifiers(**mods)
+    rc = lib.fa_forward_masked(ctypes.byref(p), ctypes.byref(m), *ptrs)
+    msg = lib.fa_last_error()
+    rc_b = lib.fa_backward_masked(ctypes.byref(p), ctypes.byref(m), *bwd_ptrs)
+    msg_b = lib.fa_last_error()
+    rc_d = lib.fa_forward_masked_device(ctypes.byref(p), ctypes.byref(m), 2, *[None] * 6)
+    msg_d = lib.fa_last_error()
+    check(rc == rc_b == rc_d == 1 and says in msg and says in msg_b and says in msg_d and b"13_masks" in msg
+          and np.all(O == 7.0) and np.all(L == 7.0) and np.all(dsinks == 7.0),
+          f"modifiers {mods}: codes {rc}, {rc_b}, {rc_d} (want 1), '{msg.decode()}', outputs untouched")
+m, keep = fa.modifiers(cu_seqlens_q=[0, 8], cu_seqlens_k=[0, 8])
+p2 = fa.Problem(2, 2, 2, 8, 8, 16, 0, 0.0)
+rc = lib.fa_forward_masked(ctypes.byref(p2), ctypes.byref(m), *ptrs)
+check(rc == 1 and b"batch = 2 with cu_seqlens" in lib.fa_last_error(), "documents with batch = 2 refused")
+m, keep = fa.modifiers()
+for field, value, says in [("size", 8, b"fa_modifiers.size = 8"), ("has_window_left", 2, b"has_window_left = 2"),
+                           ("n_sinks", 2, b"sinks is NULL but n_sinks = 2"),
+                           ("n_cu_seqlens", -1, b"n_cu_seqlens = -1")]:
+    bad = fa.Modifiers.from_buffer_copy(m)
+    setattr(bad, field, value)
+    rc = lib.fa_forward_masked(ctypes.byref(p), ctypes.byref(bad), *ptrs)
+    msg = lib.fa_last_error()
+    check(rc == 1 and says in msg and np.all(O == 7.0), f"fa_modifiers.{field} = {value} refused: '{msg.decode()}'")
+rc = lib.fa_forward_masked(ctypes.byref(p), None, *ptrs)
+check(rc == 1 and b"modifiers pointer is NULL" in lib.fa_last_error(), "NULL modifiers refused")
+m, keep = fa.modifiers(sinks=[0.0, 1.0])
+rc = lib.fa_backward_masked(ctypes.byref(p), ctypes.byref(m), *bwd_ptrs[:-1], None)
+check(rc == 1 and b"dsinks is NULL" in lib.fa_last_error() and np.all(O == 7.0), "sinks without dsinks refused")
+rc = lib.fa_forward_masked_device(ctypes.byref(p), ctypes.byref(m), 0, *[None] * 6)
+check(rc == 1 and b"dtype = 0" in lib.fa_last_error(), "fp32 on the device entry refused")
+
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -15,8 +15,9 @@
 // Everything per call is what the call needs: the argument checks, two or three output
 // tensors, and the stage's launch. The stage's own checks and messages come through the C
 // ABI (common/fa_c.h) as Python exceptions: ValueError for what the stage refuses,
-// RuntimeError for what failed while running. Stage 14's decode and append_kv are in the same
-// library; their kernels are in fa_torch_decode.cpp.
+// RuntimeError for what failed while running. Stage 13's masked_forward and masked_backward
+// (fa_torch_masked.cpp) and stage 14's decode and append_kv (fa_torch_decode.cpp) are in the
+// same library.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -40,22 +41,6 @@ using at::Tensor;
 using Forward = std::tuple<Tensor, Tensor>;
 using Backward = std::tuple<Tensor, Tensor, Tensor>;
 
-// What the C ABI cannot see through pointers: ranks and shapes that agree, one dtype, one
-// device. Written on symbolic sizes so the Meta kernels (torch.compile) check the same.
-void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
-  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-                    "attention: q, k, v must be [batch, heads, seq, head_dim]; got shapes ", q.sym_sizes(), ", ",
-                    k.sym_sizes(), ", ", v.sym_sizes());
-  TORCH_CHECK_VALUE(k.sym_sizes() == v.sym_sizes() && k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3),
-                    "attention: k ", k.sym_sizes(), " and v ", v.sym_sizes(), " must be [", q.sym_size(0),
-                    ", kv_heads, seq_k, ", q.sym_size(3), "] for q ", q.sym_sizes());
-  TORCH_CHECK_VALUE(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v on different devices (",
-                    q.device(), ", ", k.device(), ", ", v.device(), ")");
-  TORCH_CHECK_VALUE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-                    "attention: q, k, v of different dtypes (", dtype_name(q.scalar_type()), ", ",
-                    dtype_name(k.scalar_type()), ", ", dtype_name(v.scalar_type()), ")");
-}
-
 // The dtypes each device's entry points take.
 void check_device_dtype(const Tensor& q) {
   const auto t = q.scalar_type();
@@ -67,31 +52,6 @@ void check_device_dtype(const Tensor& q) {
     TORCH_CHECK_VALUE(t == at::kFloat, "attention: dtype ", dtype_name(t),
                       " is not supported on CPU tensors (float32: the host entry points take fp32)");
   }
-}
-
-// O, L and dO of the backward against q.
-void check_saved(const Tensor& q, const Tensor& o, const Tensor& lse, const Tensor& d_o) {
-  const auto rows = q.sym_sizes().slice(0, 3);
-  TORCH_CHECK_VALUE(o.sym_sizes() == q.sym_sizes() && d_o.sym_sizes() == q.sym_sizes() && lse.sym_sizes() == rows,
-                    "attention backward: O ", o.sym_sizes(), " and dO ", d_o.sym_sizes(), " must be ", q.sym_sizes(),
-                    ", L ", lse.sym_sizes(), " must be ", rows);
-  TORCH_CHECK_VALUE(o.scalar_type() == q.scalar_type() && d_o.scalar_type() == q.scalar_type(), "attention backward: O ",
-                    dtype_name(o.scalar_type()), " and dO ", dtype_name(d_o.scalar_type()), " must be q's dtype, ",
-                    dtype_name(q.scalar_type()));
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat, "attention backward: L is ", dtype_name(lse.scalar_type()),
-                    "; it must be torch.float32");
-  TORCH_CHECK_VALUE(o.device() == q.device() && d_o.device() == q.device() && lse.device() == q.device(),
-                    "attention backward: O, L, dO must be on ", q.device());
-}
-
-fa_problem problem_of(const Tensor& q, const Tensor& k, bool causal, double scale) {
-  const auto narrow = [](int64_t n, const char* what) {
-    TORCH_CHECK_VALUE(n >= 0 && n <= INT32_MAX, "attention: ", what, " = ", n, " exceeds 2^31 - 1");
-    return int32_t(n);
-  };
-  return fa_problem{narrow(q.size(0), "batch"),    narrow(q.size(1), "heads"), narrow(k.size(1), "kv_heads"),
-                    narrow(q.size(2), "seq_q"),    narrow(k.size(2), "seq_k"), narrow(q.size(3), "head_dim"),
-                    causal ? 1 : 0,                float(scale)};
 }
 
 // ---- the CPU and CUDA kernels: one body each, the device decides the entry point ----
@@ -245,6 +205,15 @@ TORCH_LIBRARY(fa_attention, m) {
   m.def(
       "backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale, str stage)"
       " -> (Tensor, Tensor, Tensor)");
+  // Stage 13, masks and score modifiers (fa_torch_masked.cpp holds the kernels).
+  m.def(
+      "masked_forward(Tensor q, Tensor k, Tensor v, bool causal, float scale, int? window_left, int? window_right,"
+      " float softcap, Tensor? alibi_slopes, Tensor? sinks, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,"
+      " int? max_seqlen_q, int? max_seqlen_k) -> (Tensor, Tensor)");
+  m.def(
+      "masked_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
+      " int? window_left, int? window_right, float softcap, Tensor? alibi_slopes, Tensor? sinks,"
+      " Tensor? cu_seqlens_q, Tensor? cu_seqlens_k) -> (Tensor, Tensor, Tensor, Tensor)");
   // Stage 14, decoding (fa_torch_decode.cpp holds the kernels). append_kv writes the caches in
   // place: (a!) and (b!) tell the dispatcher and torch.compile that it mutates them.
   m.def(

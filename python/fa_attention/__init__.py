@@ -1,4 +1,4 @@
-"""FlashAttention stages 01-12 from Python, over the C ABI of libfa_c.so (common/fa_c.h).
+"""FlashAttention stages from Python, over the C ABI of libfa_c.so (common/fa_c.h).
 
 Two APIs:
 
@@ -14,6 +14,7 @@ Two APIs:
 
       from fa_attention.torch_ops import attention
       out = attention(q, k, v, causal=True, stage="08")
+      out = attention(q, k, v, causal=True, window=(255, 0), cu_seqlens_q=cu, cu_seqlens_k=cu)  # stage 13
 
   and stage 14's decoding ops, also reachable here without importing torch_ops first:
 

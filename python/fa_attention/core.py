@@ -3,6 +3,7 @@
     import fa_attention as fa
     O, L = fa.forward("05", Q, K, V, causal=True)          # host fp32 arrays
     dQ, dK, dV = fa.backward("06", Q, K, V, O, L, dO)
+    O, L = fa.forward_masked(Q, K, V, causal=True, window=(64, 0), softcap=30.0)  # stage 13
 
 Arrays are float32 in the layouts of docs/design.md §3: Q, O [batch, heads, seq_q, d];
 K, V [batch, kv_heads, seq_k, d]; L [batch, heads, seq_q]. The library is found through
@@ -19,13 +20,25 @@ import numpy as np
 
 __all__ = ["FaError", "Problem", "library", "library_candidates", "stages", "is_gpu",
            "has_backward", "problem", "forward", "backward", "forward_device", "backward_device",
-           "set_option", "get_counter", "options", "attention_numpy"]
+           "set_option", "get_counter", "options", "attention_numpy", "Modifiers", "modifiers",
+           "forward_masked", "backward_masked"]
 
 _DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # enum fa_dtype
 
 
 class FaError(RuntimeError):
     """An error code returned by the C ABI, with its message."""
+
+
+class Modifiers(ctypes.Structure):
+    """struct fa_modifiers (common/fa_c.h): stage 13's window, soft-cap, ALiBi, sinks, documents."""
+    _fields_ = [("size", ctypes.c_uint32), ("has_window_left", ctypes.c_int32),
+                ("has_window_right", ctypes.c_int32), ("n_alibi_slopes", ctypes.c_int32),
+                ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+                ("softcap", ctypes.c_double), ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
+                ("sinks", ctypes.POINTER(ctypes.c_float)), ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)),
+                ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)), ("n_sinks", ctypes.c_int32),
+                ("n_cu_seqlens", ctypes.c_int32)]
 
 
 class Problem(ctypes.Structure):
@@ -86,6 +99,11 @@ def library(path=None):
     lib.fa_backward_dtype.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [f32p] * 9
     lib.fa_forward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 6
     lib.fa_backward_device.argtypes = [ctypes.c_char_p, pp, ctypes.c_int] + [vp] * 10
+    mp = ctypes.POINTER(Modifiers)
+    lib.fa_forward_masked.argtypes = [pp, mp] + [f32p] * 5
+    lib.fa_backward_masked.argtypes = [pp, mp] + [f32p] * 10
+    lib.fa_forward_masked_device.argtypes = [pp, mp, ctypes.c_int] + [vp] * 6
+    lib.fa_backward_masked_device.argtypes = [pp, mp, ctypes.c_int] + [vp] * 11
     lib.fa_set_option.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
     lib.fa_get_counter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
     lib.fa_stage_options.restype = ctypes.c_char_p
@@ -164,6 +182,67 @@ def backward_device(stage, p, dtype, q, k, v, o, l, do, dq, dk, dv, stream=0):
     """Backward on device pointers."""
     _check(library().fa_backward_device(stage.encode(), ctypes.byref(p), _DTYPES[dtype],
                                         q, k, v, o, l, do, dq, dk, dv, stream or None))
+
+
+def modifiers(window=None, softcap=0.0, alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """The fa_modifiers of stage 13, and the arrays it points into (keep both alive while it is
+    used). window: (left, right), either None for unbounded; softcap 0 for none; slopes and
+    sinks one per query head; cu_seqlens_q/k int arrays of documents + 1 entries, or None.
+    Values are checked by the library (stage 13's checks), not here."""
+    m = Modifiers()
+    m.size = ctypes.sizeof(Modifiers)
+    keep = []
+    if window is not None:
+        left, right = window
+        m.has_window_left, m.window_left = (0, 0) if left is None else (1, int(left))
+        m.has_window_right, m.window_right = (0, 0) if right is None else (1, int(right))
+    m.softcap = float(softcap or 0.0)
+
+    def array(values, ctype, dtype):
+        a = np.ascontiguousarray(values, dtype=dtype)
+        keep.append(a)
+        return a.ctypes.data_as(ctypes.POINTER(ctype)), a.size
+
+    if alibi_slopes is not None:
+        m.alibi_slopes, m.n_alibi_slopes = array(alibi_slopes, ctypes.c_float, np.float32)
+    if sinks is not None:
+        m.sinks, m.n_sinks = array(sinks, ctypes.c_float, np.float32)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None or len(cu_seqlens_q) != len(cu_seqlens_k):
+            raise ValueError("cu_seqlens_q and cu_seqlens_k go together, with as many entries "
+                             f"(got {cu_seqlens_q} and {cu_seqlens_k})")
+        m.cu_seqlens_q, m.n_cu_seqlens = array(cu_seqlens_q, ctypes.c_int32, np.int32)
+        m.cu_seqlens_k, _ = array(cu_seqlens_k, ctypes.c_int32, np.int32)
+    return m, keep
+
+
+def forward_masked(Q, K, V, causal=False, scale=0.0, **mods):
+    """Stage 13's CPU step on host arrays under the modifiers of modifiers() (keywords window,
+    softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k); returns (O, L)."""
+    Q, K, V = _f32(Q), _f32(K), _f32(V)
+    p = problem(Q, K, causal, scale)
+    m, _keep = modifiers(**mods)
+    O = np.full(Q.shape, np.nan, dtype=np.float32)
+    L = np.full(Q.shape[:3], np.nan, dtype=np.float32)
+    _check(library().fa_forward_masked(ctypes.byref(p), ctypes.byref(m), _ptr(Q), _ptr(K), _ptr(V),
+                                       _ptr(O), _ptr(L)))
+    return O, L
+
+
+def backward_masked(Q, K, V, O, L, dO, causal=False, scale=0.0, **mods):
+    """Stage 13's backward on host arrays; returns (dQ, dK, dV, dsinks) (dsinks None without
+    sinks)."""
+    Q, K, V, O, L, dO = map(_f32, (Q, K, V, O, L, dO))
+    p = problem(Q, K, causal, scale)
+    m, _keep = modifiers(**mods)
+    dQ = np.full(Q.shape, np.nan, dtype=np.float32)
+    dK = np.full(K.shape, np.nan, dtype=np.float32)
+    dV = np.full(V.shape, np.nan, dtype=np.float32)
+    dsinks = np.full(max(m.n_sinks, 0), np.nan, dtype=np.float32)
+    _check(library().fa_backward_masked(ctypes.byref(p), ctypes.byref(m), _ptr(Q), _ptr(K), _ptr(V), _ptr(O),
+                                        _ptr(L), _ptr(dO), _ptr(dQ), _ptr(dK), _ptr(dV),
+                                        _ptr(dsinks) if dsinks.size else None))
+    return dQ, dK, dV, (dsinks if m.n_sinks > 0 else None)
 
 
 def set_option(stage, name, value):

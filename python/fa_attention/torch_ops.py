@@ -4,6 +4,7 @@ python/csrc/fa_torch.cpp, built as libfa_torch.so with the project when torch is
     from fa_attention.torch_ops import attention
     out = attention(q, k, v, causal=True, stage="11")  # q [b, h, Nq, d]; k, v [b, hkv, Nk, d]
     out.sum().backward()                               # stage 11's backward (10's forward)
+    out = attention(q, k, v, causal=True, window=(255, 0), cu_seqlens_q=cu, cu_seqlens_k=cu)  # stage 13
 
 CUDA tensors (float32, float16 or bfloat16, as the stage supports) run on a GPU stage on
 torch's current stream of their device, with outputs and scratch from torch's caching
@@ -19,7 +20,9 @@ while running raises RuntimeError.
 
 The two ops are torch.ops.fa_attention.forward(q, k, v, causal, scale, stage) -> (O, L) and
 torch.ops.fa_attention.backward(q, k, v, O, L, dO, causal, scale, stage) -> (dQ, dK, dV);
-scale 0.0 there means 1/sqrt(d), as in fa_problem. Stage 14 (decoding) adds decode() and
+scale 0.0 there means 1/sqrt(d), as in fa_problem. With modifiers (window, alibi_slopes, softcap,
+sinks, cu_seqlens_q/_k) attention() runs stage 13 through torch.ops.fa_attention.masked_forward
+and masked_backward (python/csrc/fa_torch_masked.cpp). Stage 14 (decoding) adds decode() and
 append_kv() over torch.ops.fa_attention.decode and torch.ops.fa_attention.append_kv (a KV
 cache, one length per sequence, contiguous or paged). The library is found through the
 environment variable FA_TORCH_LIB, else next to this package (an installed wheel), else in
@@ -61,19 +64,77 @@ def _load():
 _load()
 _forward = torch.ops.fa_attention.forward.default
 _backward = torch.ops.fa_attention.backward.default
+_masked_forward = torch.ops.fa_attention.masked_forward.default
 _decode = torch.ops.fa_attention.decode.default
 _append_kv = torch.ops.fa_attention.append_kv.default
 
 
-def attention(q, k, v, causal=False, scale=None, stage="08"):
-    """softmax(scale · q kᵀ [+ causal mask]) v with stage `stage`; differentiable in q, k, v.
-    q [b, h, Nq, d], k and v [b, hkv, Nk, d] -> [b, h, Nq, d]."""
-    return _forward(q, k, v, bool(causal), 0.0 if scale is None else float(scale), stage)[0]
+# Stage 13 takes the modifiers; without them, stage 08 is the default (forward only on the GPU).
+_DEFAULT_STAGE = "08"
+_MASKED_STAGES = ("13", "13_masks")
 
 
-def attention_with_lse(q, k, v, causal=False, scale=None, stage="08"):
-    """As attention(), and also L (float32 [b, h, Nq], detached: not differentiable)."""
-    o, lse = _forward(q, k, v, bool(causal), 0.0 if scale is None else float(scale), stage)
+def _window(window):
+    """window=(left, right) as the op's two optional ints."""
+    if window is None:
+        return None, None
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or \
+            not all(w is None or (isinstance(w, int) and not isinstance(w, bool)) for w in window):
+        raise ValueError(f"attention: window = {window!r} is not allowed: give (left, right), the keys before "
+                         "and after each row's diagonal, each an int >= 0 or None for no bound "
+                         "(e.g. (255, 0) with causal=True for a 256-token sliding window)")
+    return window[0], window[1]
+
+
+def _call(q, k, v, causal, scale, stage, window, alibi_slopes, softcap, sinks, cu_seqlens_q, cu_seqlens_k,
+          max_seqlen_q, max_seqlen_k):
+    scale = 0.0 if scale is None else float(scale)
+    mods = dict(window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    given = [name for name, value in mods.items() if value is not None]
+    if given and stage is not None and stage not in _MASKED_STAGES:
+        raise ValueError(f"attention: stage {stage!r} takes no modifiers ({', '.join(given)}); stage 13 does "
+                         "(leave stage out, or pass stage='13')")
+    if not given and stage not in _MASKED_STAGES:
+        return _forward(q, k, v, bool(causal), scale, stage or _DEFAULT_STAGE)
+    left, right = _window(window)
+    return _masked_forward(q, k, v, bool(causal), scale, left, right, float(softcap or 0.0), alibi_slopes, sinks,
+                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def attention(q, k, v, causal=False, scale=None, stage=None, *, window=None, alibi_slopes=None, softcap=None,
+              sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    """softmax(scale · q kᵀ [+ mask and modifiers]) v; differentiable in q, k, v (and sinks).
+    q [b, h, Nq, d], k and v [b, hkv, Nk, d] -> [b, h, Nq, d].
+
+    Without modifiers it runs stage `stage` (default "08"). With any of the keywords it runs
+    stage 13 (stage left out, or "13"), whose definitions are common/modifiers.h's:
+      window=(left, right)   row i sees keys diag - left .. diag + right (diag = i + Nk - Nq, the
+                             causal alignment, per document); None on a side: unbounded
+      softcap=cap            s <- cap · tanh(s / cap) (cap > 0)
+      alibi_slopes           [h] float: s <- s + slope_h · (j - diag)
+      sinks                  [h] float on q's device: a logit per head in every row's softmax
+                             denominator; learnable (its gradient flows)
+      cu_seqlens_q/_k        int32 or int64 [documents + 1]: documents packed into one row
+                             (b = 1), each row attending only within its document; on the CPU or
+                             q's device (read on the host either way: from the GPU that is a copy
+                             which waits for the stream)
+      max_seqlen_q/_k        optional: at least the longest document, checked
+    CUDA: float16 or bfloat16, d = 64 or 128, a GPU of compute capability 9.x (stage 13's Hopper
+    kernels). CPU: float32 (stage 13's CPU step)."""
+    return _call(q, k, v, causal, scale, stage, window, alibi_slopes, softcap, sinks, cu_seqlens_q, cu_seqlens_k,
+                 max_seqlen_q, max_seqlen_k)[0]
+
+
+def attention_with_lse(q, k, v, causal=False, scale=None, stage=None, **modifiers):
+    """As attention(), and also L (float32 [b, h, Nq], detached: not differentiable); with
+    sinks, a row's L counts its sink (a row that sees no key has L = sink)."""
+    names = ("window", "alibi_slopes", "softcap", "sinks", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+             "max_seqlen_k")
+    unknown = sorted(set(modifiers) - set(names))
+    if unknown:
+        raise TypeError(f"attention_with_lse: unexpected keyword(s) {unknown} (modifiers: {', '.join(names)})")
+    o, lse = _call(q, k, v, causal, scale, stage, *(modifiers.get(n) for n in names))
     return o, lse.detach()
 
 

@@ -7,6 +7,13 @@ validation set (the 10th, 20th, … file) and the rest to training; a training b
 `batch` windows of context+1 bytes at offsets drawn from a seeded generator, the targets the
 inputs shifted by one.
 
+Documents (TextData(documents=True)): each file, with the NUL byte that ends it, is a document,
+and a batch also gives each token's document, doc_ids [batch, context] (the file's index):
+a window that crosses a file's end holds the end of one document and the start of the next,
+packed into one row. With document masking a token attends only to the earlier tokens of its
+own file. cu_seqlens_of(doc_ids) turns the ids into the boundaries of the documents of the
+batch's rows laid end to end (the packed layout stage 13 takes).
+
 Key–value recall: a sequence of N tokens that hides `pairs` key→value pairs at random places
 in random filler, then asks for every key's value:
 
@@ -48,7 +55,7 @@ def text_files(root):
 class TextData:
     """Byte tokens of the repository's text, split by file into training and validation."""
 
-    def __init__(self, root=None, context=1024, batch=16, seed=0):
+    def __init__(self, root=None, context=1024, batch=16, seed=0, documents=False):
         root = pathlib.Path(root) if root else repository_root()
         files = text_files(root)
         if len(files) < 10:
@@ -59,7 +66,10 @@ class TextData:
         # One file after another, each ended by a NUL byte (a "document boundary" token).
         self.train = np.frombuffer(b"".join(t + b"\0" for t in train), dtype=np.uint8)
         self.val = np.frombuffer(b"".join(t + b"\0" for t in val), dtype=np.uint8)
-        self.context, self.batch, self.seed = context, batch, seed
+        # Where each file (a document) starts in its stream.
+        self.train_starts = np.cumsum([0] + [len(t) + 1 for t in train[:-1]])
+        self.val_starts = np.cumsum([0] + [len(t) + 1 for t in val[:-1]])
+        self.context, self.batch, self.seed, self.documents = context, batch, seed, documents
         self.files = len(files)
         if len(self.val) < context + 1:
             raise RuntimeError(f"text task: the validation text ({len(self.val)} bytes) is shorter "
@@ -67,13 +77,22 @@ class TextData:
 
     def describe(self):
         return (f"text: {self.files} files, {len(self.train) / 1e6:.2f} MB training, "
-                f"{len(self.val) / 1e6:.2f} MB validation, byte tokens")
+                f"{len(self.val) / 1e6:.2f} MB validation, byte tokens"
+                + (", each file a document (document masking)" if self.documents else ""))
 
-    @staticmethod
-    def _windows(stream, offsets, context):
-        idx = offsets[:, None] + np.arange(context + 1)[None, :]  # [batch, context+1]
+    def _windows(self, stream, starts, offsets):
+        """inputs, targets [batch, context] of the windows at `offsets`, and with documents
+        the inputs' doc_ids [batch, context]."""
+        idx = offsets[:, None] + np.arange(self.context + 1)[None, :]  # [batch, context+1]
         w = stream[idx].astype(np.int64)
-        return w[:, :-1], w[:, 1:]                                # inputs, targets
+        if not self.documents:
+            return w[:, :-1], w[:, 1:]                                # inputs, targets
+        doc_ids = np.searchsorted(starts, idx[:, :-1], side="right") - 1
+        return w[:, :-1], w[:, 1:], doc_ids
+
+    def train_windows(self, offsets):
+        """The training windows at these offsets into the training text (a batch of them)."""
+        return self._windows(self.train, self.train_starts, np.asarray(offsets, dtype=np.int64))
 
     def seq_at(self, step):
         return self.context
@@ -82,14 +101,25 @@ class TextData:
         """Batch `step` of every run: offsets from a generator seeded by (seed, step)."""
         rng = np.random.default_rng([self.seed, step])
         offsets = rng.integers(0, len(self.train) - self.context - 1, size=self.batch)
-        return self._windows(self.train, offsets, self.context)
+        return self.train_windows(offsets)
 
     def val_batches(self, count):
         """The first `count` batches of non-overlapping windows spread evenly over the validation text."""
         n = count * self.batch
         offsets = np.linspace(0, len(self.val) - self.context - 1, n).astype(np.int64)
-        return [self._windows(self.val, offsets[i * self.batch:(i + 1) * self.batch], self.context)
+        return [self._windows(self.val, self.val_starts, offsets[i * self.batch:(i + 1) * self.batch])
                 for i in range(count)]
+
+
+def cu_seqlens_of(doc_ids):
+    """The documents of rows doc_ids [batch, T] laid end to end (row 0's tokens, then row 1's, …):
+    (cu_seqlens int32 [documents + 1], the longest document). A document cut by a row's end
+    ends there; the next row starts a new one."""
+    batch, T = doc_ids.shape
+    starts = np.ones((batch, T), dtype=bool)                  # where a document starts
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    cu = np.append(np.flatnonzero(starts.reshape(-1)), batch * T).astype(np.int32)
+    return cu, int(np.diff(cu).max())
 
 
 class RecallData:

@@ -11,6 +11,13 @@ then a final LayerNorm and the output layer tied to the embedding. Nothing in it
 the backend but the one call `self.attend(q, k, v)` on [batch, heads, T, head_dim] tensors, so
 two models built with the same seed and fed the same batches differ only by their attention's
 rounding.
+
+Document masking: model(tokens, targets, documents=Documents.of(doc_ids, device)) makes every
+token attend only to the earlier tokens of its own document (data.py: a file of the repository),
+through `self.attend(q, k, v, documents)`. Stage 13 ("13") takes the batch's rows laid end to
+end as one packed row with cu_seqlens; SDPA builds the dense mask (causal and same document)
+instead. Rotary positions need no reset at a document's start: q·k depends only on the
+distance between two positions, and both lie in one document.
 """
 import math
 import pathlib
@@ -26,30 +33,91 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # python/:
 # Backend name → the stage that runs it (None: PyTorch's SDPA). A training backend needs a
 # backward, so "08+09" runs stage 09 (08's forward kernel with 09's backward) and "10+11" stage
 # 11; "06" is the CPU stage with both passes, for the CPU smoke test.
-BACKENDS = {"sdpa": None, "sdpa-cudnn": None, "sdpa-flash": None, "08+09": "09", "10+11": "11", "06": "06"}
+BACKENDS = {"sdpa": None, "sdpa-cudnn": None, "sdpa-flash": None, "08+09": "09", "10+11": "11", "06": "06",
+            "13": "13"}
+# The backends that take documents: stage 13 (cu_seqlens) and sdpa (a dense mask).
+DOCUMENT_BACKENDS = ("sdpa", "13")
 # SDPA held to one of its kernels: "sdpa" lets PyTorch choose; these are the controls, two
 # vendor kernels of the same exact attention whose curves show how far rounding alone moves
 # a training run.
 SDPA_KERNEL = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION"}
 
 
+class Documents:
+    """The documents of a batch: ids [batch, T] (each token's document, on the model's device)
+    for a dense mask, and cu_seqlens (int32, on the CPU: the op reads it there without waiting
+    for the GPU) of the rows laid end to end, for stage 13."""
+
+    def __init__(self, ids, cu_seqlens, max_seqlen):
+        self.ids, self.cu_seqlens, self.max_seqlen = ids, cu_seqlens, max_seqlen
+
+    @staticmethod
+    def of(doc_ids, device):
+        from data import cu_seqlens_of
+        cu, longest = cu_seqlens_of(doc_ids)
+        return Documents(torch.from_numpy(doc_ids).to(device), torch.from_numpy(cu), longest)
+
+    def dense_mask(self):
+        """[batch, 1, T, T] bool: key j is seen by query i when j <= i in the same document."""
+        T = self.ids.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.ids.device).tril()
+        return (self.ids[:, None, :, None] == self.ids[:, None, None, :]) & causal
+
+
+def packed(x):
+    """[batch, heads, T, d] -> [1, heads, batch·T, d]: the rows end to end, as cu_seqlens counts them."""
+    batch, heads, T, d = x.shape
+    return x.transpose(0, 1).reshape(1, heads, batch * T, d)
+
+
+def unpacked(x, batch):
+    """packed()'s inverse."""
+    _, heads, n, d = x.shape
+    return x.reshape(heads, batch, n // batch, d).transpose(0, 1)
+
+
 def attention_backend(name):
-    """attend(q, k, v) -> causal softmax(q kᵀ/√d) v for q, k, v [batch, heads, T, head_dim]."""
+    """attend(q, k, v[, documents]) -> causal softmax(q kᵀ/√d) v for q, k, v [batch, heads, T,
+    head_dim], within each document when `documents` (a Documents) is given (DOCUMENT_BACKENDS)."""
     if name not in BACKENDS:
         raise ValueError(f"attention backend '{name}' is unknown (backends: {', '.join(BACKENDS)})")
     stage = BACKENDS[name]
+
+    def no_documents(documents):
+        if documents is not None:
+            raise ValueError(f"attention backend '{name}' has no document mask (backends with one: "
+                             f"{', '.join(DOCUMENT_BACKENDS)})")
+
     if name in SDPA_KERNEL:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kernel = getattr(SDPBackend, SDPA_KERNEL[name])
 
-        def attend(q, k, v):
+        def attend(q, k, v, documents=None):
+            no_documents(documents)
             with sdpa_kernel(kernel):  # the backward runs the kernel the forward chose
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return attend
     if stage is None:
-        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def attend_sdpa(q, k, v, documents=None):
+            if documents is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=documents.dense_mask())
+        return attend_sdpa
     from fa_attention.torch_ops import attention
-    return lambda q, k, v: attention(q, k, v, causal=True, stage=stage)
+    if name == "13":
+        def attend_documents(q, k, v, documents=None):
+            if documents is None:
+                return attention(q, k, v, causal=True, stage=stage)
+            cu, longest = documents.cu_seqlens, documents.max_seqlen
+            o = attention(packed(q), packed(k), packed(v), causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                          max_seqlen_q=longest, max_seqlen_k=longest)
+            return unpacked(o, q.shape[0])
+        return attend_documents
+
+    def attend_stage(q, k, v, documents=None):
+        no_documents(documents)
+        return attention(q, k, v, causal=True, stage=stage)
+    return attend_stage
 
 
 @dataclass
@@ -92,12 +160,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.attend = attend
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, documents=None):
         batch, T, C = x.shape
         qkv = self.qkv(x).view(batch, T, 3, self.n_head, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)               # each [batch, heads, T, head_dim]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = self.attend(q, k, v)                           # [batch, heads, T, head_dim]
+        # [batch, heads, T, head_dim]; without documents the call is attend(q, k, v), which an
+        # attend of three arguments (train_cp.py's ring) also takes
+        o = self.attend(q, k, v) if documents is None else self.attend(q, k, v, documents)
         return self.proj(o.transpose(1, 2).reshape(batch, T, C))
 
 
@@ -109,8 +179,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
                                  nn.Linear(4 * cfg.d_model, cfg.d_model))
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.ln1(x), cos, sin)
+    def forward(self, x, cos, sin, documents=None):
+        x = x + self.attn(self.ln1(x), cos, sin, documents)
         return x + self.mlp(self.ln2(x))
 
 
@@ -139,9 +209,10 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, tokens, targets=None, positions=None, previous=None):
+    def forward(self, tokens, targets=None, positions=None, previous=None, documents=None):
         """tokens [batch, T] -> logits [batch, T, vocab] and, with targets [batch, T], the mean
-        cross-entropy over the positions whose target is not −1.
+        cross-entropy over the positions whose target is not −1. With `documents` (a Documents
+        of the batch) each token attends only within its document.
 
         A context-parallel rank (train_cp.py) holds a shard of the sequence, not its first T
         tokens: `positions` [T] are its tokens' places in the whole sequence (for the rotary
@@ -156,7 +227,7 @@ class GPT(nn.Module):
             x = x + self.embed_previous(previous)
         cos, sin = (self.cos, self.sin) if positions is None else (self.cos[positions], self.sin[positions])
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, documents)
         logits = F.linear(self.ln_f(x), self.embed.weight)  # output layer tied to the embedding
         if targets is None:
             return logits, None

@@ -3,6 +3,7 @@ attention backend, within a time budget; CSVs, a summary and a figure of the los
 
     python3 python/examples/gpt/run_all.py --out OUT --budget-s 420            # on the GPU
     python3 python/examples/gpt/run_all.py --out OUT --device cpu --tiny        # a CPU try-out
+    python3 python/examples/gpt/run_all.py --out OUT --tasks text --documents   # document masking
 
 Backends: "sdpa" (torch's scaled_dot_product_attention, its own choice of kernel), "08+09"
 (stage 08's forward, 09's backward), "10+11" (stages 10 and 11, Hopper only); on the CPU "sdpa"
@@ -11,6 +12,11 @@ FlashAttention-2 kernel) is another exact attention with its own rounding: how f
 lies from sdpa's is how far rounding alone moves a run. A backend that
 cannot run here (no library, a stage not built, a GPU it does not support) is skipped with
 the reason. The library is found as the package finds it ($FA_LIB, else build/ or build-gpu/).
+
+With --documents the text task masks documents: each file of the repository is a document and
+every token attends only within its own (data.py, model.py); the backends are then "sdpa" (a
+dense mask) and "13" (stage 13 with cu_seqlens: its Hopper kernels on a GPU, its CPU step on
+the CPU).
 
 The tasks (data.py): "text", next-byte prediction on the repository's notes and sources with a
 6-layer GPT (d_model 384, 6 heads of 64, context 1024); "recall", key–value recall at N = 4096
@@ -33,6 +39,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # python/: fa_attention
+
+import numpy as np  # noqa: E402
 
 import report  # noqa: E402  (no torch)
 
@@ -60,12 +68,13 @@ def task_settings(tiny):
     }
 
 
-def make_data(task, s, seed, steps=None):
+def make_data(task, s, seed, steps=None, documents=False):
     """The task's data; for recall with a step count, the curriculum: the first 30% of the steps
-    at 64 tokens, the next 20% at 512 (where shorter than N), then N."""
+    at 64 tokens, the next 20% at 512 (where shorter than N), then N. `documents`: the text
+    task's files as documents (document masking)."""
     from data import RecallData, TextData
     if task == "text":
-        return TextData(context=s["cfg"].context, batch=s["batch"], seed=seed)
+        return TextData(context=s["cfg"].context, batch=s["batch"], seed=seed, documents=documents)
     N = s["cfg"].context
     phases = ()
     if steps:
@@ -97,6 +106,15 @@ def available_backends(names, device):
                 continue
             from fa_attention import core
             from fa_attention.torch_ops import attention
+            if stage == "13":  # not in the stage list (its own entries): a try shows whether it runs here
+                from data import cu_seqlens_of
+                from model import Documents, attention_backend
+                q, k, v = (torch.randn(2, 2, 64, 64, device=device, dtype=dtype, requires_grad=True)
+                           for _ in range(3))
+                ids = np.repeat(np.arange(4), 32).reshape(2, 64)
+                attention_backend(name)(q, k, v, Documents.of(ids, device)).sum().backward()
+                out.append((name, None))
+                continue
             built = [s for s in core.stages() if s.startswith(stage)]
             if not built:
                 raise RuntimeError(f"stage {stage} is not in {core.library()._name} "
@@ -141,10 +159,13 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     ap.add_argument("--backends", default=None,
                     help="comma-separated (default: sdpa,sdpa-cudnn,08+09,10+11 on a GPU; sdpa,06 on the CPU)")
-    ap.add_argument("--tasks", default="text,recall", help="comma-separated: text, recall")
+    ap.add_argument("--tasks", default=None,
+                    help="comma-separated: text, recall (default: both; text alone with --documents)")
     ap.add_argument("--steps", type=int, default=None,
                     help="train exactly this many steps per task (no calibration; --budget-s still stops runs)")
     ap.add_argument("--tiny", action="store_true", help="small models and data (a CPU try-out)")
+    ap.add_argument("--documents", action="store_true",
+                    help="document masking on the text task: each file a document (backends sdpa and 13)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefix", default=None,
                     help="file name prefix (default: <chip>_gpt_capstone, e.g. h100_gpt_capstone)")
@@ -159,8 +180,10 @@ def main(argv=None):
     device = torch.device(args.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     default_backends = "sdpa,sdpa-cudnn,08+09,10+11" if device.type == "cuda" else "sdpa,06"
+    if args.documents:
+        default_backends = "sdpa,13"
     commit, date = git_commit(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    prefix = args.prefix or f"{device_prefix(device_name)}_gpt_capstone"
+    prefix = args.prefix or f"{device_prefix(device_name)}_gpt_capstone" + ("_documents" if args.documents else "")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"run_all: {device_name}, torch {torch.__version__}, commit {commit}, budget {args.budget_s:.0f} s")
@@ -174,10 +197,13 @@ def main(argv=None):
         print("run_all: no backend can run here")
         return 1
     settings = task_settings(args.tiny)
+    args.tasks = args.tasks or ("text" if args.documents else "text,recall")
     tasks = [t for t in args.tasks.split(",") if t]
     for t in tasks:
         if t not in settings:
             ap.error(f"--tasks: unknown task '{t}' (tasks: {', '.join(settings)})")
+    if args.documents and tasks != ["text"]:
+        ap.error(f"--documents masks the text task's files: give --tasks text (got --tasks {args.tasks})")
 
     # Calibration: seconds per step and per evaluation batch of each backend on each task.
     steps = {}
@@ -187,11 +213,12 @@ def main(argv=None):
         cost = {}
         for t in tasks:
             s = settings[t]
-            data = make_data(t, s, args.seed)
+            data = make_data(t, s, args.seed, documents=args.documents)
             val = data.val_batches(1)
             cost[t] = 0.0
             for b in backends:
-                trainer = Trainer(data, s["cfg"], b, device, s["lr"], total_steps=100, seed=args.seed)
+                trainer = Trainer(data, s["cfg"], b, device, s["lr"], total_steps=100, seed=args.seed,
+                                  documents=args.documents)
                 step_s, eval_s = measure(trainer, steps=5, warmup=3, val=val)
                 cost[t] += step_s + eval_s * s["eval_batches"] / s["eval_every"]
                 print(f"  calibration {t:6} {b:10}: {1e3 * step_s:7.1f} ms/step, {1e3 * eval_s:6.1f} ms/eval batch")
@@ -210,12 +237,13 @@ def main(argv=None):
     summary = []
     for t in tasks:
         s = settings[t]
-        data = make_data(t, s, args.seed, steps[t])
+        data = make_data(t, s, args.seed, steps[t], documents=args.documents)
         val = data.val_batches(s["eval_batches"])
         print(f"{data.describe()}; {steps[t]} steps of {data.batch} x {s['cfg'].context} tokens")
         runs, step_rows = {}, []
         for b in backends:
-            trainer = Trainer(data, s["cfg"], b, device, s["lr"], total_steps=steps[t], seed=args.seed)
+            trainer = Trainer(data, s["cfg"], b, device, s["lr"], total_steps=steps[t], seed=args.seed,
+                              documents=args.documents)
             if b == backends[0]:
                 print(f"  model: {s['cfg']}, {trainer.model.num_params() / 1e6:.2f} M parameters")
             start = time.monotonic()

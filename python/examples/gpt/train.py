@@ -3,6 +3,10 @@
     trainer = Trainer(data, cfg, "08+09", device, lr=1e-3, total_steps=500)
     rows = run(trainer, steps=500, eval_every=50, val=data.val_batches(4))
 
+With documents=True (data.TextData(documents=True)) every token attends only within its file:
+the batches carry each token's document, and the backend must take a document mask
+(model.DOCUMENT_BACKENDS: stage 13 with cu_seqlens, or sdpa with the dense mask).
+
 Every backend starts from the same weights (the model is built on the CPU after
 torch.manual_seed(seed)) and sees the same batches (data.train_batch(step)), so their loss
 curves differ only by the attention's rounding. On a GPU the forward and backward run under
@@ -20,12 +24,17 @@ import time
 
 import torch
 
-from model import GPT, attention_backend
+from model import DOCUMENT_BACKENDS, GPT, Documents, attention_backend
 
 
 class Trainer:
-    def __init__(self, data, cfg, backend, device, lr, total_steps, seed=0, weight_decay=0.1):
-        self.data, self.cfg, self.backend = data, cfg, backend
+    def __init__(self, data, cfg, backend, device, lr, total_steps, seed=0, weight_decay=0.1, documents=False):
+        if documents and not getattr(data, "documents", False):
+            raise ValueError("documents=True needs data that marks documents (data.TextData(documents=True))")
+        if documents and backend not in DOCUMENT_BACKENDS:
+            raise ValueError(f"backend '{backend}' has no document mask (backends with one: "
+                             f"{', '.join(DOCUMENT_BACKENDS)})")
+        self.data, self.cfg, self.backend, self.documents = data, cfg, backend, documents
         self.device = torch.device(device)
         self.lr, self.total_steps = lr, total_steps
         torch.manual_seed(seed)
@@ -51,17 +60,19 @@ class Trainer:
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def to_device(self, batch):
-        inputs, targets = batch
+        """inputs, targets and the batch's Documents (None without document masking)."""
+        inputs, targets = batch[:2]
+        documents = Documents.of(batch[2], self.device) if self.documents else None
         return (torch.from_numpy(inputs).to(self.device, non_blocking=True),
-                torch.from_numpy(targets).to(self.device, non_blocking=True))
+                torch.from_numpy(targets).to(self.device, non_blocking=True), documents)
 
     def train_step(self, step):
         """One optimizer step on batch `step`; returns the loss as a (not yet read) tensor."""
-        inputs, targets = self.to_device(self.data.train_batch(step))
+        inputs, targets, documents = self.to_device(self.data.train_batch(step))
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(step)
         with self.autocast():
-            _, loss = self.model(inputs, targets)
+            _, loss = self.model(inputs, targets, documents=documents)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -74,9 +85,9 @@ class Trainer:
         self.model.eval()
         total_loss, correct, count = 0.0, 0, 0
         for batch in batches:
-            inputs, targets = self.to_device(batch)
+            inputs, targets, documents = self.to_device(batch)
             with self.autocast():
-                logits, loss = self.model(inputs, targets)
+                logits, loss = self.model(inputs, targets, documents=documents)
             scored = targets != -1
             n = int(scored.sum())
             total_loss += loss.item() * n
@@ -86,8 +97,7 @@ class Trainer:
         return total_loss / count, correct / count
 
     def tokens_per_step(self):
-        inputs, _ = self.data.train_batch(0)
-        return inputs.size
+        return self.data.train_batch(0)[0].size
 
 
 class StepClock:
