@@ -5,6 +5,10 @@ the results table of the default step against FlashAttention-2 and cuDNN.
 
   python3 scripts/results/hopper_tables.py 10 docs/results/h100_hopper_10f.csv
   python3 scripts/results/hopper_tables.py 11 docs/results/h100_stage11.csv
+  python3 scripts/results/hopper_tables.py 11 docs/results/h200_stage11_d256.csv --results-only
+
+--results-only prints the results table alone, with the deterministic mode's TFLOP/s beside
+the default's where the CSV has it (stage 11 at d = 256, where no earlier step has a kernel).
 
 The notes embed what it prints between `<!-- results: … -->` markers;
 scripts/results/fill_results.py refreshes it.
@@ -36,6 +40,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("stage", choices=sorted(STAGES))
     ap.add_argument("csv")
+    ap.add_argument("--results-only", action="store_true", help="the results table alone (no steps table)")
     args = ap.parse_args()
     s = STAGES[args.stage]
     every = list(csv.DictReader(open(args.csv)))
@@ -50,21 +55,27 @@ def main():
     default = next(label for suffix, label in s["steps"] if not suffix)
     lengths = sorted({k[2] for k in t})
     n = 8192 if 8192 in lengths else lengths[-1]  # a quick sweep has no 8192
-    print(s["steps_title"].format(n=n, batch=16384 // n, device=device) + "\n")
-    print("| step | " + " | ".join(f"d = {d}{c}" for d in dims for c in ("", " causal")) + " |")
-    print("|:--|" + "--:|" * (2 * len(dims)))
-    for suffix, label in s["steps"]:
-        cells = [t.get(("bf16", d, n, c), {}).get(st + suffix, NAN) for d in dims for c in (False, True)]
-        print(f"| {label} | " + " | ".join(f"{x:.0f}" for x in cells) + " |")
-    print("\n" + s["results_title"].format(default=default, gemm=gemm, device=device) + "\n")
-    print(f"| dtype | d | N | causal | {default} | FA2 | cuDNN | × FA2 | × cuDNN |" + (" % GEMM |" if s["gemm"] else ""))
-    print("|:--|--:|--:|:--|--:|--:|--:|--:|--:|" + ("--:|" if s["gemm"] else ""))
+    if not args.results_only:
+        print(s["steps_title"].format(n=n, batch=16384 // n, device=device) + "\n")
+        print("| step | " + " | ".join(f"d = {d}{c}" for d in dims for c in ("", " causal")) + " |")
+        print("|:--|" + "--:|" * (2 * len(dims)))
+        for suffix, label in s["steps"]:
+            cells = [t.get(("bf16", d, n, c), {}).get(st + suffix, NAN) for d in dims for c in (False, True)]
+            print(f"| {label} | " + " | ".join(f"{x:.0f}" for x in cells) + " |")
+        print()
+    determ = st + "[deterministic=1]"
+    extra = args.results_only and any(determ in v for v in t.values())
+    print(s["results_title"].format(default=default, gemm=gemm, device=device) + "\n")
+    print(f"| dtype | d | N | causal | {default} |" + (" deterministic |" if extra else "") +
+          " FA2 | cuDNN | × FA2 | × cuDNN |" + (" % GEMM |" if s["gemm"] else ""))
+    print("|:--|--:|--:|:--|--:|" + ("--:|" if extra else "") + "--:|--:|--:|--:|" + ("--:|" if s["gemm"] else ""))
     for key in sorted(t):
         v = t[key]
         if st not in v:
             continue
         fl, cu = v.get("sdpa_flash", NAN), v.get("sdpa_cudnn", NAN)
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {'yes' if key[3] else 'no'} | {v[st]:.0f} | {fl:.0f} | {cu:.0f} | "
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {'yes' if key[3] else 'no'} | {v[st]:.0f} |" +
+              (f" {v.get(determ, NAN):.0f} |" if extra else "") + f" {fl:.0f} | {cu:.0f} | "
               f"{v[st] / fl:.2f} | {v[st] / cu:.2f} |" + (f" {100 * v[st] / gemm:.0f}% |" if s["gemm"] else ""))
 
 
