@@ -122,8 +122,7 @@ void backward(const Problem& p, Dtype dtype, const void* Q, const void* K, const
   PrepParams prep{O,       dO, L, scratch.floats(), const_cast<float*>(params.D), params.dQ_accum, dQ, heads_total,
                   p.seq_q, int(n_q_pad), params.scale, blocked};
   if (p.seq_q > 0) {
-    if (atomics) FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, size_t(stat_elems) * d * sizeof(float), stream));
-    launch_preprocess(prep, dtype, d, stream);
+    launch_preprocess(prep, dtype, d, stream);  // zeroes dQ_accum too (the atomic mode)
   }
   if (p.seq_k > 0) launch(k, grid_for(p, k), params, stream);  // with seq_q = 0 it writes dK = dV = 0
   if (p.seq_q > 0) {

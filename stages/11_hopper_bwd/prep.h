@@ -17,7 +17,7 @@ struct PrepParams {
   const float* L;    ///< [heads_total][seq_q], natural log
   float* L2;         ///< [heads_total][n_q_pad] (out)
   float* D;          ///< [heads_total][n_q_pad] (out)
-  const float* dQ_accum;  ///< [heads_total][n_q_pad][d]
+  float* dQ_accum;   ///< [heads_total][n_q_pad][d]: zeroed by the preprocess, read by the conversion
   void* dQ;          ///< [heads_total][seq_q][d] (out), the input dtype
   int64_t heads_total;  ///< batch·heads
   int seq_q, n_q_pad;
