@@ -27,7 +27,8 @@
 // at fault (FA_ERR_INVALID), and is FA_ERR_RUNTIME when valid, writing nothing either way.
 //
 //   fuzz_abi                 FA_FUZZ_SEED=<n> replays a run; FA_FUZZ_SECONDS (default 10)
-//                            and FA_FUZZ_CALLS (default 3000) bound it, whichever comes first.
+//                            and FA_FUZZ_CALLS (default 3000) bound it, whichever comes first;
+//                            FA_FUZZ_PRINT (default 20) failures are printed.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -400,9 +401,10 @@ struct Fuzzer {
   std::mt19937_64 rng;
   std::vector<std::string> stages;  // CPU stages
   int64_t calls = 0, valid = 0, refused = 0, failures = 0;
+  int64_t print_limit = 20;  // FA_FUZZ_PRINT: how many failures are printed
 
   void fail(const std::string& what, const char* stage, const fa_problem& p, int32_t dtype) {
-    if (++failures <= 20)
+    if (++failures <= print_limit)
       std::printf(
           "FAIL %s\n     stage %s, problem {batch %d, heads %d, kv_heads %d, seq_q %d, seq_k %d, "
           "head_dim %d, causal %d, scale %g}, dtype %d\n",
@@ -506,7 +508,7 @@ struct Fuzzer {
 
   void fail_masked(const std::string& what, const char* entry, const fa_problem& p,
                    const ModSpec& spec, int32_t dtype = FA_F32) {
-    if (++failures <= 20)
+    if (++failures <= print_limit)
       std::printf(
           "FAIL %s: %s\n     problem {batch %d, heads %d, kv_heads %d, seq_q %d, seq_k %d, "
           "head_dim %d, causal %d, scale %g}, dtype %d\n     modifiers {%s}\n",
@@ -1101,6 +1103,7 @@ int main() {
     std::printf("FAIL no CPU stage in the library\n");
     return 1;
   }
+  f.print_limit = env_int("FA_FUZZ_PRINT", 20);
   f.names();
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
@@ -1120,16 +1123,14 @@ int main() {
       f.masked_one();
   }
   std::printf(
-      "fuzz_abi: %lld calls over %zu CPU stages in %.1f s: %lld valid, %lld refused, %lld "
-      "failures\n",
-      static_cast<long long>(f.calls), f.stages.size(), elapsed(), static_cast<long long>(f.valid),
-      static_cast<long long>(f.refused), static_cast<long long>(f.failures));
-  std::printf(
-      "fuzz_abi: of them %lld calls to stage 13's entries (%s): %lld valid, %lld refused, %lld "
-      "with a one-entry cu_seqlens\n",
-      static_cast<long long>(f.masked_calls),
-      f.device_probe ? "host, and device without a GPU" : "host; a GPU is present: not the device ones",
-      static_cast<long long>(f.masked_valid), static_cast<long long>(f.masked_refused),
-      static_cast<long long>(f.masked_maybe));
+      "fuzz_abi: %lld calls in %.1f s, %lld failures\n"
+      "  the %zu CPU stages: %lld valid, %lld refused\n"
+      "  stage 13's entries (%s): %lld calls, %lld valid, %lld refused, %lld with a one-entry "
+      "cu_seqlens\n",
+      static_cast<long long>(f.calls), elapsed(), static_cast<long long>(f.failures),
+      f.stages.size(), static_cast<long long>(f.valid), static_cast<long long>(f.refused),
+      f.device_probe ? "host, and device without a GPU" : "host only: a GPU is present",
+      static_cast<long long>(f.masked_calls), static_cast<long long>(f.masked_valid),
+      static_cast<long long>(f.masked_refused), static_cast<long long>(f.masked_maybe));
   return f.failures == 0 ? 0 : 1;
 }
