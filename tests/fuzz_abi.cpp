@@ -506,9 +506,11 @@ struct Fuzzer {
   // ---- stage 13 ----
   int64_t masked_calls = 0, masked_valid = 0, masked_refused = 0, masked_maybe = 0;
   bool device_probe = false;  // no GPU: the device entries' refusals are fuzzed too
-  // FA_FUZZ_KNOWN_ISSUES=1: also the values of open library issues, which fail today. A cap
-  // above FLT_MAX (1e300: finite, so allowed) gives NaN outputs: the CPU step rounds the cap
-  // to float (stages/13_masks/masks.cpp, with_score: inf·tanh(s/inf) = inf·0).
+  // FA_FUZZ_KNOWN_ISSUES=1: also the values of open library issues, which fail today. The
+  // CPU step rounds the cap (a double) to float (stages/13_masks/masks.cpp, with_score): a cap
+  // above FLT_MAX (1e300: finite, so allowed) becomes inf, and inf·tanh(s/inf) = inf·0 is NaN
+  // in every row; one below half the smallest denormal (4e-320) becomes 0, and a logit of 0
+  // (a scale of FLT_TRUE_MIN) gives 0·tanh(0/0), NaN.
   bool known_issues = false;
 
   void fail_masked(const std::string& what, const char* entry, const fa_problem& p,
@@ -551,7 +553,8 @@ struct Fuzzer {
     const double dinf = std::numeric_limits<double>::infinity();
     if (one_in(2))
       m.softcap = one_in(6) ? pick<double>({-0.0, -1.0, -1e-300, std::nan(""), dinf, -dinf})
-                            : pick<double>({0.5, 1.0, 5.0, 30.0, 1e-30, 1e30, 4e-320,
+                            : pick<double>({0.5, 1.0, 5.0, 30.0, 1e-30, 1e30,
+                                            known_issues ? 4e-320 : 1e-44,
                                             known_issues ? 1e300 : 1e38});
     const float finf = std::numeric_limits<float>::infinity();
     const auto per_head = [&](Array<float>* a, const float** ptr, int32_t* count,
