@@ -186,8 +186,9 @@ bool mask_keeps(const Problem& p, const Modifiers& m, int64_t row, int64_t col) 
   }
   const int64_t i = row - qs, j = col - ks, diagonal = i + nk - nq;
   if (p.causal && j > diagonal) return false;
-  if (m.window_left && j < diagonal - *m.window_left) return false;
-  if (m.window_right && j > diagonal + *m.window_right) return false;
+  // Differences of two indices, not diagonal ∓ window: a window may be as large as INT64_MAX.
+  if (m.window_left && diagonal - j > *m.window_left) return false;
+  if (m.window_right && j - diagonal > *m.window_right) return false;
   return true;
 }
 

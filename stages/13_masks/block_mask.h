@@ -47,11 +47,14 @@ class BlockMask {
     const Document doc = document_of(row);
     if (doc.index < 0) return {doc.k_start, doc.k_start};  // past the last document
     const int64_t diag = row - doc.q_start + doc.n_k - doc.n_q;
+    // A window side may be any size up to INT64_MAX; one wider than the document reaches
+    // past its keys whatever the row, so it is capped there (diag ∓ window cannot overflow).
+    const int64_t wide = doc.n_q + doc.n_k + 1;
     int64_t lo = 0, hi = doc.n_k;
-    if (m_.window_left) lo = std::clamp<int64_t>(diag - *m_.window_left, 0, doc.n_k);
+    if (m_.window_left) lo = std::clamp<int64_t>(diag - std::min(*m_.window_left, wide), 0, doc.n_k);
     std::optional<int64_t> right = m_.window_right;
     if (p_.causal) right = std::min<int64_t>(right.value_or(0), 0);
-    if (right) hi = std::clamp<int64_t>(diag + *right + 1, 0, doc.n_k);
+    if (right) hi = std::clamp<int64_t>(diag + std::min(*right, wide) + 1, 0, doc.n_k);
     return {doc.k_start + lo, doc.k_start + std::max(lo, hi)};
   }
 
