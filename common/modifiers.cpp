@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -42,9 +43,13 @@ void Modifiers::validate(const Problem& p, const std::string& who) const {
     refuse("window_left = " + std::to_string(*window_left) + " is not allowed (a window size must be >= 0; leave it out for no bound)");
   if (window_right && *window_right < 0)
     refuse("window_right = " + std::to_string(*window_right) + " is not allowed (a window size must be >= 0; leave it out for no bound)");
-  if (!(softcap >= 0) || std::isinf(softcap)) {
+  // The kernels compute in float: a cap that float cannot hold as a normal number would round
+  // to inf (then inf·tanh(s/inf) is NaN) or towards 0 (then 0·tanh(0/0) is NaN).
+  const double least = std::numeric_limits<float>::min(), most = std::numeric_limits<float>::max();
+  if (!(softcap >= 0) || std::isinf(softcap) || (softcap > 0 && (softcap < least || softcap > most))) {
     std::ostringstream s;
-    s << "softcap = " << softcap << " is not allowed (the cap must be > 0 and finite; 0 turns soft-capping off)";
+    s << "softcap = " << softcap << " is not allowed (the cap must be 0, which turns soft-capping off, or a float "
+      << "from " << least << " to " << most << ")";
     refuse(s.str());
   }
   if (!alibi_slopes.empty() && int64_t(alibi_slopes.size()) != p.heads)

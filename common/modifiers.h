@@ -44,7 +44,8 @@ struct Modifiers {
   int64_t max_seqlen_k(const Problem& p) const;
 
   /// Throws std::invalid_argument naming `who`, the value and what is allowed: a negative
-  /// window, softcap < 0 or not finite, slopes or sinks whose length is not `heads`, a
+  /// window, softcap < 0, not finite or, when > 0, outside float's normal range (the kernels
+  /// compute in float), slopes or sinks whose length is not `heads`, a
   /// non-finite slope, cu_seqlens not starting at 0, decreasing, ending past the tensor, of
   /// unequal document counts, or given with batch ≠ 1 (documents are packed into one row).
   void validate(const Problem& p, const std::string& who) const;

@@ -403,6 +403,11 @@ TEST_CASE("bad modifiers are refused with the value named, before anything is wr
   refused(m, "softcap = -1");
   m.softcap = std::numeric_limits<double>::quiet_NaN();
   refused(m, "softcap = nan");
+  // Finite in double, but not a normal float: the kernels' cap would be inf or 0 (NaN out).
+  m.softcap = 1e300;
+  refused(m, "softcap = 1e+300 is not allowed (the cap must be 0, which turns soft-capping off, or a float");
+  m.softcap = 1e-44;
+  refused(m, "softcap = 1e-44");
   m = Modifiers{};
   m.alibi_slopes = fa::alibi_slopes(3);
   refused(m, "alibi_slopes has 3 entries (one per query head: heads = 2)");
