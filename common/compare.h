@@ -19,8 +19,10 @@
 /// An fp32 stage has two baselines, because the order of a sum decides its rounding: F32
 /// (Eigen's blocked products, which cut a long sum into panels and add the panels' partial
 /// sums) and F32InOrder (every sum one term after another, as the plain loops of stages
-/// 01–05 add). The error bound of a sum of n terms is γ_{n−1}·Σ|terms| in index order and
-/// smaller for any order that splits the sum (γ_{⌈log₂n⌉}·Σ|terms| pairwise), with
+/// 01–05 add, and as stage 06 adds dK and dV over a GQA group's rows in a tile that crosses
+/// the diagonal: one sum of group_size·N_q terms). The error bound of a sum of n terms is
+/// γ_{n−1}·Σ|terms| in index order and smaller for any order that splits the sum
+/// (γ_{⌈log₂n⌉}·Σ|terms| pairwise), with
 /// γ_k = k·u/(1 − k·u): index order is the worst case. Up to d = 512 the two baselines give
 /// the same budget; at d = 1024 and 2048 the in-order one sets a budget 1.6 and 2.3 times
 /// larger on average (stage 05's problem of N = 64, 10 seeds), and a budget from the blocked

@@ -181,17 +181,20 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             }
             return C;
           };
-          // Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's gradient
-          // comes only from the rows that see it.
-          const auto seen_transpose_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
-            if (in_order) return transpose_times_in_order(A, B, used);
-            if (B.allFinite()) return Mat<Scalar>(A.transpose() * B);
+          // acc += f·Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's
+          // gradient comes only from the rows that see it. In index order, each element's sum
+          // runs on over every row of every query head of the group (in_order.h), as a plain
+          // loop adds a kv head's dK and dV: a sum group_size times longer than one head's.
+          const auto add_seen_transpose_times = [&](Mat<Scalar>& acc, Scalar f, const Mat<Scalar>& A,
+                                                    const Mat<Scalar>& B) {
+            if (in_order) return add_transpose_times_in_order(acc, Mat<Scalar>(f * A), B, used);
+            if (B.allFinite()) return void(acc += f * Mat<Scalar>(A.transpose() * B));
             Mat<Scalar> C = Mat<Scalar>::Zero(Nk, B.cols());
             for (int64_t i = 0; i < rows; ++i) {
               const int64_t n = n_used[size_t(i)];
               if (n > 0) C.topRows(n).noalias() += A.row(i).head(n).transpose() * B.row(i);
             }
-            return C;
+            acc += f * C;
           };
 
           Mat<Scalar> P_in = Pm;  // P as it enters the P·V product
@@ -223,14 +226,14 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
               Dr(i) = 0;
               for (int64_t c = 0; c < d; ++c) Dr(i) += dOr(i, c) * Or(i, c);
             }
-          dV_acc += seen_transpose_times(P_in, dOr);                   // dV += Pᵀ dO
+          add_seen_transpose_times(dV_acc, 1, P_in, dOr);              // dV += Pᵀ dO
           const Mat<Scalar> dP =                                       // dP = dO Vᵀ
               in_order ? times_in_order(dOr, VhT, all_d) : Mat<Scalar>(dOr * Vh.transpose());
           Mat<Scalar> dS = P_bwd.cwiseProduct(dP.colwise() - Dr);      // dS = P∘(dP − D)
           for (int64_t i = 0; i < rows; ++i)  // 0 on keys the row does not take part with
             dS.row(i).tail(Nk - n_used[size_t(i)]).setZero();
           round_to(mode, dS);
-          dK_acc += scale * seen_transpose_times(dS, Qr);              // dK += scale·dSᵀ Q
+          add_seen_transpose_times(dK_acc, scale, dS, Qr);             // dK += scale·dSᵀ Q
           const Mat<Scalar> dQr = scale * seen_times(dS, Kh);          // dQ = scale·dS K
           store(r.dQ, p.q_offset(b, h, r0), dQr);
           for (int64_t i = 0; i < rows; ++i) r.D[size_t(lo + i)] = double(Dr(i));

@@ -20,7 +20,9 @@ namespace fa {
 ///  - F32InOrder: the same, with every sum taken one term after another in index order, as
 ///    a plain loop adds (`for c: dot += q[c]·k[c]`). Recursive summation has the largest
 ///    error bound of all orders (γ_{n−1}·Σ|terms| against γ_{⌈log₂n⌉}·Σ|terms| for pairwise),
-///    so an fp32 stage is held to the worse of F32 and F32InOrder (compare.h).
+///    so an fp32 stage is held to the worse of F32 and F32InOrder (compare.h). dK and dV of a
+///    kv head are one sum over every row of every query head of its GQA group, as a plain loop
+///    over the group adds them (group_size·N_q terms, not a sum per head added to them).
 ///  - F16 / BF16: double arithmetic on inputs rounded to the type, with P (and dS, and O
 ///    before D) rounded to the type before they enter a matrix product, as a tensor-core
 ///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
