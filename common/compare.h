@@ -27,8 +27,9 @@
 /// the same budget; at d = 1024 and 2048 the in-order one sets a budget 1.6 and 2.3 times
 /// larger on average (stage 05's problem of N = 64, 10 seeds), and a budget from the blocked
 /// one alone failed 11 and 9 of 20 seeds of the correct stages 01 and 05 at d = 2048. The
-/// worse of the two holds for any order a stage may use. A stage that merges partial (O, L)
-/// (StageInfo::merges_partials) adds a third, F32Merged: the merge's own rounding of L.
+/// worse of the two holds for any order a stage may use. A stage that merges a row's result
+/// from k partial (O, L) (StageInfo::merged_parts) adds a third, F32Merged, merging k runs of
+/// keys one after another: the merges' own rounding of L.
 ///
 /// Non-finite values are compared by class, never by value: wherever the reference is
 /// finite the stage must be finite (NaN never passes), and where the reference is NaN or

@@ -25,7 +25,8 @@ RefMode baseline_mode(Dtype t) {
   return RefMode::F32;
 }
 
-std::vector<RefMode> baseline_modes(Dtype t, bool merges) {
+std::vector<RefMode> baseline_modes(Dtype t, int merged_parts) {
+  const bool merges = merged_parts >= 2;
   if (t == Dtype::F32 && merges) return {RefMode::F32, RefMode::F32InOrder, RefMode::F32Merged};
   if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
   return {baseline_mode(t)};
@@ -63,7 +64,7 @@ void store(std::vector<double>& dst, int64_t offset, const Mat<Scalar>& x) {
 
 template <typename Scalar>
 Reference run(const Problem& p, const float* Q, const float* K, const float* V, const float* dO,
-              RefMode mode, bool want_P) {
+              RefMode mode, bool want_P, int merged_parts) {
   p.validate("reference");
   const bool backward = dO != nullptr;
   const bool in_order = mode == RefMode::F32InOrder, merged = mode == RefMode::F32Merged;
@@ -138,19 +139,28 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             if (n == 0) continue;  // empty row: P = 0, O = 0, L = −inf
             Pm.row(i).head(n) /= sum;  // (a NaN sum must not reach the masked zeros)
             if (merged && n >= 2 && std::isfinite(mx)) {
-              // Keys [0, h) and [h, n) as two partial results (m, l, L), merged in fp32:
-              // L = top + log(e^{L1 − top} + e^{L2 − top}), P_j = e^{L_k − L} · e^{S_j − m_k} / l_k.
-              const int64_t h = n / 2;
-              Scalar m1 = -inf, m2 = -inf, l1 = 0, l2 = 0;
-              for (int64_t j = 0; j < h; ++j) m1 = std::max(m1, S(i, j));
-              for (int64_t j = h; j < n; ++j) m2 = std::max(m2, S(i, j));
-              for (int64_t j = 0; j < h; ++j) l1 += std::exp(S(i, j) - m1);
-              for (int64_t j = h; j < n; ++j) l2 += std::exp(S(i, j) - m2);
-              const Scalar L1 = m1 + std::log(l1), L2 = m2 + std::log(l2), top = std::max(L1, L2);
-              const Scalar L = top + std::log(std::exp(L1 - top) + std::exp(L2 - top));
-              const Scalar w1 = std::exp(L1 - L) / l1, w2 = std::exp(L2 - L) / l2;
-              for (int64_t j = 0; j < h; ++j) Pm(i, j) = w1 * std::exp(S(i, j) - m1);
-              for (int64_t j = h; j < n; ++j) Pm(i, j) = w2 * std::exp(S(i, j) - m2);
+              // The keys in k = min(merged_parts, n) runs [j_t, j_{t+1}), j_t = t·n/k, each a
+              // partial result (m_t, l_t, L_t = m_t + log l_t), merged one after another in fp32
+              // as a ring folds its pairs' results into a row's (L rounded at every merge):
+              //   L ← top + log(e^{L − top} + e^{L_t − top}),  top = max(L, L_t);
+              // then P_j = e^{L_t − L} · e^{S_j − m_t} / l_t on the keys of run t.
+              const int64_t k = std::min<int64_t>(merged_parts, n);
+              std::vector<Scalar> m_run(static_cast<size_t>(k), -inf), l_run(static_cast<size_t>(k), 0);
+              Scalar L = -inf;
+              for (int64_t t = 0; t < k; ++t) {
+                const int64_t j0 = t * n / k, j1 = (t + 1) * n / k;
+                Scalar& m_t = m_run[size_t(t)];
+                for (int64_t j = j0; j < j1; ++j) m_t = std::max(m_t, S(i, j));
+                if (m_t == -inf) continue;  // a run of −inf logits: P = 0 there, nothing to merge
+                for (int64_t j = j0; j < j1; ++j) l_run[size_t(t)] += std::exp(S(i, j) - m_t);
+                const Scalar L_t = m_t + std::log(l_run[size_t(t)]), top = std::max(L, L_t);
+                L = L == -inf ? L_t : top + std::log(std::exp(L - top) + std::exp(L_t - top));
+              }
+              for (int64_t t = 0; t < k; ++t) {
+                const Scalar m_t = m_run[size_t(t)], w = std::exp(m_t + std::log(l_run[size_t(t)]) - L) / l_run[size_t(t)];
+                for (int64_t j = t * n / k; j < (t + 1) * n / k; ++j)
+                  Pm(i, j) = m_t == -inf ? Scalar(0) : w * std::exp(S(i, j) - m_t);
+              }
               merged_L[size_t(i)] = L;
               was_merged[size_t(i)] = true;
             }
@@ -251,17 +261,17 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
 }  // namespace
 
 Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
-                            RefMode mode, bool want_P) {
+                            RefMode mode, bool want_P, int merged_parts) {
   if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
-    return run<float>(p, Q, K, V, nullptr, mode, want_P);
-  return run<double>(p, Q, K, V, nullptr, mode, want_P);
+    return run<float>(p, Q, K, V, nullptr, mode, want_P, merged_parts);
+  return run<double>(p, Q, K, V, nullptr, mode, want_P, merged_parts);
 }
 
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
-                             const float* dO, RefMode mode) {
+                             const float* dO, RefMode mode, int merged_parts) {
   if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
-    return run<float>(p, Q, K, V, dO, mode, false);
-  return run<double>(p, Q, K, V, dO, mode, false);
+    return run<float>(p, Q, K, V, dO, mode, false, merged_parts);
+  return run<double>(p, Q, K, V, dO, mode, false, merged_parts);
 }
 
 }  // namespace fa
