@@ -231,10 +231,14 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           const Mat<Scalar> dOr = load<Scalar>(mode, dO + p.q_offset(b, h, r0), rows, d);
           round_to(mode, Or);  // a kernel computes D from the O it stored
           Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr = dOr.cwiseProduct(Or).rowwise().sum();  // D = rowsum(dO∘O)
+          // In index order too, but from the last column to the first: dP = dO Vᵀ runs from the
+          // first. Where one key takes a row's whole weight, O = V_j and dP_ij − D_i cancels to
+          // the difference of the two sums' roundings, which a stage computing them in two
+          // orders (a product and a row sum) leaves in dS; one order for both would leave 0.
           if (in_order)
             for (int64_t i = 0; i < rows; ++i) {
               Dr(i) = 0;
-              for (int64_t c = 0; c < d; ++c) Dr(i) += dOr(i, c) * Or(i, c);
+              for (int64_t c = d - 1; c >= 0; --c) Dr(i) += dOr(i, c) * Or(i, c);
             }
           add_seen_transpose_times(dV_acc, 1, P_in, dOr);              // dV += Pᵀ dO
           const Mat<Scalar> dP =                                       // dP = dO Vᵀ

@@ -23,6 +23,9 @@ namespace fa {
 ///    so an fp32 stage is held to the worse of F32 and F32InOrder (compare.h). dK and dV of a
 ///    kv head are one sum over every row of every query head of its GQA group, as a plain loop
 ///    over the group adds them (group_size·N_q terms, not a sum per head added to them).
+///    D = rowsum(dO∘O) runs from the last column to the first, against dP = dO Vᵀ from the
+///    first, so that dP − D, which cancels where one key takes a row's whole weight, keeps
+///    the difference of two orders' roundings that a stage's product and row sum leave.
 ///  - F16 / BF16: double arithmetic on inputs rounded to the type, with P (and dS, and O
 ///    before D) rounded to the type before they enter a matrix product, as a tensor-core
 ///    kernel does. Its distance from Exact is the error budget of fp16/bf16 stages.
