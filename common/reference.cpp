@@ -16,22 +16,6 @@
 
 namespace fa {
 
-RefMode baseline_mode(Dtype t) {
-  switch (t) {
-    case Dtype::F32: return RefMode::F32;
-    case Dtype::F16: return RefMode::F16;
-    case Dtype::BF16: return RefMode::BF16;
-  }
-  return RefMode::F32;
-}
-
-std::vector<RefMode> baseline_modes(Dtype t, int merged_parts) {
-  const bool merges = merged_parts >= 2;
-  if (t == Dtype::F32 && merges) return {RefMode::F32, RefMode::F32InOrder, RefMode::F32Merged};
-  if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
-  return {baseline_mode(t)};
-}
-
 namespace {
 
 template <typename Scalar>
