@@ -42,11 +42,11 @@ double tol_of(Output out, const Reference& exact, const std::vector<Reference>& 
 }
 }  // namespace
 
-CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t, bool merges) {
+CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t, int merged_parts) {
   const Reference exact = reference_forward(p, t.Q.data(), t.K.data(), t.V.data());
   std::vector<Reference> bases;
-  for (RefMode mode : baseline_modes(dtype, merges))
-    bases.push_back(reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), mode));
+  for (RefMode mode : baseline_modes(dtype, merged_parts))
+    bases.push_back(reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), mode, false, merged_parts));
   CheckReport r;
   r.items.push_back(compare("O", t.O.data(), exact.O, q_shape(p), tol_of(&Reference::O, exact, bases, dtype)));
   // L is always fp32, and its error is a sum of rounding in m and log(l); the baselines'
@@ -55,12 +55,12 @@ CheckReport compare_forward(const Problem& p, Dtype dtype, const Tensors& t, boo
   return r;
 }
 
-CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, bool merges) {
+CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, int merged_parts) {
   const Reference exact =
       reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
   std::vector<Reference> bases;
-  for (RefMode mode : baseline_modes(dtype, merges))
-    bases.push_back(reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode));
+  for (RefMode mode : baseline_modes(dtype, merged_parts))
+    bases.push_back(reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode, merged_parts));
   CheckReport r;
   r.items.push_back(compare("dQ", t.dQ.data(), exact.dQ, q_shape(p), tol_of(&Reference::dQ, exact, bases, dtype)));
   r.items.push_back(compare("dK", t.dK.data(), exact.dK, kv_shape(p), tol_of(&Reference::dK, exact, bases, dtype)));
@@ -68,10 +68,14 @@ CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, bo
   return r;
 }
 
+int merged_parts_of(const StageInfo& stage, const Problem& p) {
+  return stage.merged_parts ? stage.merged_parts(p) : 0;
+}
+
 CheckReport check_forward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
   t.poison_outputs();
   stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
-  return compare_forward(p, dtype, t, stage.merges_partials);
+  return compare_forward(p, dtype, t, merged_parts_of(stage, p));
 }
 
 CheckReport check_backward(const StageInfo& stage, const Problem& p, Dtype dtype, Tensors& t) {
@@ -81,8 +85,8 @@ CheckReport check_backward(const StageInfo& stage, const Problem& p, Dtype dtype
   stage.forward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data());
   stage.backward(p, dtype, t.Q.data(), t.K.data(), t.V.data(), t.O.data(), t.L.data(),
                  t.dO.data(), t.dQ.data(), t.dK.data(), t.dV.data());
-  CheckReport r = compare_forward(p, dtype, t, stage.merges_partials);
-  for (auto& c : compare_backward(p, dtype, t, stage.merges_partials).items) r.items.push_back(c);
+  CheckReport r = compare_forward(p, dtype, t, merged_parts_of(stage, p));
+  for (auto& c : compare_backward(p, dtype, t, merged_parts_of(stage, p)).items) r.items.push_back(c);
   return r;
 }
 

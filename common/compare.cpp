@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "reference.h"
+
 namespace fa {
 
 double unit_roundoff(Dtype t) {
@@ -14,6 +16,24 @@ double unit_roundoff(Dtype t) {
     case Dtype::BF16: return std::ldexp(1.0, -8);
   }
   return 0;
+}
+
+// The baselines a dtype's budget comes from (declared in reference.h): the policy's, here
+// beside its numbers (and a small file for the mutation check that drops one).
+RefMode baseline_mode(Dtype t) {
+  switch (t) {
+    case Dtype::F32: return RefMode::F32;
+    case Dtype::F16: return RefMode::F16;
+    case Dtype::BF16: return RefMode::BF16;
+  }
+  return RefMode::F32;
+}
+
+std::vector<RefMode> baseline_modes(Dtype t, int merged_parts) {
+  const bool merges = merged_parts >= 2;
+  if (t == Dtype::F32 && merges) return {RefMode::F32, RefMode::F32InOrder, RefMode::F32Merged};
+  if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
+  return {baseline_mode(t)};
 }
 
 double baseline_error(const std::vector<double>& exact, const std::vector<double>& baseline) {

@@ -19,14 +19,17 @@
 /// An fp32 stage has two baselines, because the order of a sum decides its rounding: F32
 /// (Eigen's blocked products, which cut a long sum into panels and add the panels' partial
 /// sums) and F32InOrder (every sum one term after another, as the plain loops of stages
-/// 01–05 add). The error bound of a sum of n terms is γ_{n−1}·Σ|terms| in index order and
-/// smaller for any order that splits the sum (γ_{⌈log₂n⌉}·Σ|terms| pairwise), with
+/// 01–05 add, and as stage 06 adds dK and dV over a GQA group's rows in a tile that crosses
+/// the diagonal: one sum of group_size·N_q terms). The error bound of a sum of n terms is
+/// γ_{n−1}·Σ|terms| in index order and smaller for any order that splits the sum
+/// (γ_{⌈log₂n⌉}·Σ|terms| pairwise), with
 /// γ_k = k·u/(1 − k·u): index order is the worst case. Up to d = 512 the two baselines give
 /// the same budget; at d = 1024 and 2048 the in-order one sets a budget 1.6 and 2.3 times
 /// larger on average (stage 05's problem of N = 64, 10 seeds), and a budget from the blocked
 /// one alone failed 11 and 9 of 20 seeds of the correct stages 01 and 05 at d = 2048. The
-/// worse of the two holds for any order a stage may use. A stage that merges partial (O, L)
-/// (StageInfo::merges_partials) adds a third, F32Merged: the merge's own rounding of L.
+/// worse of the two holds for any order a stage may use. A stage that merges a row's result
+/// from k partial (O, L) (StageInfo::merged_parts) adds a third, F32Merged, merging k runs of
+/// keys one after another: the merges' own rounding of L.
 ///
 /// Non-finite values are compared by class, never by value: wherever the reference is
 /// finite the stage must be finite (NaN never passes), and where the reference is NaN or

@@ -145,9 +145,9 @@ int run_stage(int argc, char** argv, const StageInfo& stage) {
                                      fmt(per_batch / 1e9, 1) + " GFLOP)"});
         result = "SKIPPED (too large for the reference)";
       } else {
-        CheckReport r = compare_forward(pc, dtype, t, stage.merges_partials);
+        CheckReport r = compare_forward(pc, dtype, t, merged_parts_of(stage, pc));
         if (backward)
-          for (auto& c : compare_backward(pc, dtype, t, stage.merges_partials).items) r.items.push_back(c);
+          for (auto& c : compare_backward(pc, dtype, t, merged_parts_of(stage, pc)).items) r.items.push_back(c);
         if (pc.batch < p.batch)
           rows.push_back({"check", "first " + std::to_string(pc.batch) + " of " +
                                        std::to_string(p.batch) + " batches"});

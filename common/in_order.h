@@ -23,14 +23,15 @@ Mat times_in_order(const Mat& A, const Mat& B, KeysOfRow n) {
   return C;
 }
 
-/// C = Aᵀ·B with row i of A taking part over its first n(i) columns, summed over i in order
-/// ([rows, K]ᵀ·[rows, cols] → [K, cols])
+/// C += Aᵀ·B with row i of A taking part over its first n(i) columns, summed over i in order
+/// ([rows, K]ᵀ·[rows, cols] → [K, cols]). Each element's sum goes on from the value C holds:
+/// called once per query head of a GQA group (and per block of rows), it adds every row of
+/// every head one after another into one accumulator, as a plain loop over the group adds
+/// dK and dV — not a sum per head added to C, whose sums are a group's size shorter.
 template <typename Mat, typename KeysOfRow>
-Mat transpose_times_in_order(const Mat& A, const Mat& B, KeysOfRow n) {
-  Mat C = Mat::Zero(A.cols(), B.cols());
+void add_transpose_times_in_order(Mat& C, const Mat& A, const Mat& B, KeysOfRow n) {
   for (int64_t i = 0; i < A.rows(); ++i)
     for (int64_t k = 0; k < n(i); ++k) C.row(k) += A(i, k) * B.row(i);
-  return C;
 }
 
 }  // namespace fa

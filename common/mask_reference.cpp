@@ -50,9 +50,11 @@ MaskedReference run(const Problem& p, const Modifiers& mods, const float* Q, con
   const auto times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) -> Mat<Scalar> {
     return in_order ? times_in_order(A, B, [&](int64_t) { return A.cols(); }) : Mat<Scalar>(A * B);
   };
-  const auto transpose_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) -> Mat<Scalar> {
-    return in_order ? transpose_times_in_order(A, B, [&](int64_t) { return A.cols(); })
-                    : Mat<Scalar>(A.transpose() * B);
+  // acc += f·Aᵀ·B. In index order each element's sum runs on over every row of every query
+  // head of the group, as a plain loop adds a kv head's dK and dV (in_order.h).
+  const auto add_transpose_times = [&](Mat<Scalar>& acc, Scalar f, const Mat<Scalar>& A, const Mat<Scalar>& B) {
+    if (in_order) return add_transpose_times_in_order(acc, Mat<Scalar>(f * A), B, [&](int64_t) { return A.cols(); });
+    acc += f * Mat<Scalar>(A.transpose() * B);
   };
 
   MaskedReference r;
@@ -147,8 +149,8 @@ MaskedReference run(const Problem& p, const Modifiers& mods, const float* Q, con
           dS = dS.cwiseProduct(capped_tanh.unaryExpr([](Scalar t) { return Scalar(1) - t * t; }));
         const Mat<Scalar> dQh = scale * times(dS, Kh);
         store(r.dQ, p.q_offset(b, h, 0), dQh);
-        dK_acc += scale * transpose_times(dS, Qh);
-        dV_acc += transpose_times(P, dOh);
+        add_transpose_times(dK_acc, scale, dS, Qh);  // dK += scale·dSᵀ Q
+        add_transpose_times(dV_acc, 1, P, dOh);      // dV += Pᵀ dO
         for (int64_t i = 0; i < Nq; ++i) {
           r.D[size_t(p.l_offset(b, h, i))] = double(D(i));
           if (sinks && std::isfinite(L(i))) dsink[size_t(h)] -= std::exp(sigma - L(i)) * D(i);

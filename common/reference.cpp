@@ -16,21 +16,6 @@
 
 namespace fa {
 
-RefMode baseline_mode(Dtype t) {
-  switch (t) {
-    case Dtype::F32: return RefMode::F32;
-    case Dtype::F16: return RefMode::F16;
-    case Dtype::BF16: return RefMode::BF16;
-  }
-  return RefMode::F32;
-}
-
-std::vector<RefMode> baseline_modes(Dtype t, bool merges) {
-  if (t == Dtype::F32 && merges) return {RefMode::F32, RefMode::F32InOrder, RefMode::F32Merged};
-  if (t == Dtype::F32) return {RefMode::F32, RefMode::F32InOrder};
-  return {baseline_mode(t)};
-}
-
 namespace {
 
 template <typename Scalar>
@@ -63,7 +48,7 @@ void store(std::vector<double>& dst, int64_t offset, const Mat<Scalar>& x) {
 
 template <typename Scalar>
 Reference run(const Problem& p, const float* Q, const float* K, const float* V, const float* dO,
-              RefMode mode, bool want_P) {
+              RefMode mode, bool want_P, int merged_parts) {
   p.validate("reference");
   const bool backward = dO != nullptr;
   const bool in_order = mode == RefMode::F32InOrder, merged = mode == RefMode::F32Merged;
@@ -138,19 +123,28 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             if (n == 0) continue;  // empty row: P = 0, O = 0, L = −inf
             Pm.row(i).head(n) /= sum;  // (a NaN sum must not reach the masked zeros)
             if (merged && n >= 2 && std::isfinite(mx)) {
-              // Keys [0, h) and [h, n) as two partial results (m, l, L), merged in fp32:
-              // L = top + log(e^{L1 − top} + e^{L2 − top}), P_j = e^{L_k − L} · e^{S_j − m_k} / l_k.
-              const int64_t h = n / 2;
-              Scalar m1 = -inf, m2 = -inf, l1 = 0, l2 = 0;
-              for (int64_t j = 0; j < h; ++j) m1 = std::max(m1, S(i, j));
-              for (int64_t j = h; j < n; ++j) m2 = std::max(m2, S(i, j));
-              for (int64_t j = 0; j < h; ++j) l1 += std::exp(S(i, j) - m1);
-              for (int64_t j = h; j < n; ++j) l2 += std::exp(S(i, j) - m2);
-              const Scalar L1 = m1 + std::log(l1), L2 = m2 + std::log(l2), top = std::max(L1, L2);
-              const Scalar L = top + std::log(std::exp(L1 - top) + std::exp(L2 - top));
-              const Scalar w1 = std::exp(L1 - L) / l1, w2 = std::exp(L2 - L) / l2;
-              for (int64_t j = 0; j < h; ++j) Pm(i, j) = w1 * std::exp(S(i, j) - m1);
-              for (int64_t j = h; j < n; ++j) Pm(i, j) = w2 * std::exp(S(i, j) - m2);
+              // The keys in k = min(merged_parts, n) runs [j_t, j_{t+1}), j_t = t·n/k, each a
+              // partial result (m_t, l_t, L_t = m_t + log l_t), merged one after another in fp32
+              // as a ring folds its pairs' results into a row's (L rounded at every merge):
+              //   L ← top + log(e^{L − top} + e^{L_t − top}),  top = max(L, L_t);
+              // then P_j = e^{L_t − L} · e^{S_j − m_t} / l_t on the keys of run t.
+              const int64_t k = std::min<int64_t>(merged_parts, n);
+              std::vector<Scalar> m_run(static_cast<size_t>(k), -inf), l_run(static_cast<size_t>(k), 0);
+              Scalar L = -inf;
+              for (int64_t t = 0; t < k; ++t) {
+                const int64_t j0 = t * n / k, j1 = (t + 1) * n / k;
+                Scalar& m_t = m_run[size_t(t)];
+                for (int64_t j = j0; j < j1; ++j) m_t = std::max(m_t, S(i, j));
+                if (m_t == -inf) continue;  // a run of −inf logits: P = 0 there, nothing to merge
+                for (int64_t j = j0; j < j1; ++j) l_run[size_t(t)] += std::exp(S(i, j) - m_t);
+                const Scalar L_t = m_t + std::log(l_run[size_t(t)]), top = std::max(L, L_t);
+                L = L == -inf ? L_t : top + std::log(std::exp(L - top) + std::exp(L_t - top));
+              }
+              for (int64_t t = 0; t < k; ++t) {
+                const Scalar m_t = m_run[size_t(t)], w = std::exp(m_t + std::log(l_run[size_t(t)]) - L) / l_run[size_t(t)];
+                for (int64_t j = t * n / k; j < (t + 1) * n / k; ++j)
+                  Pm(i, j) = m_t == -inf ? Scalar(0) : w * std::exp(S(i, j) - m_t);
+              }
               merged_L[size_t(i)] = L;
               was_merged[size_t(i)] = true;
             }
@@ -181,17 +175,20 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
             }
             return C;
           };
-          // Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's gradient
-          // comes only from the rows that see it.
-          const auto seen_transpose_times = [&](const Mat<Scalar>& A, const Mat<Scalar>& B) {
-            if (in_order) return transpose_times_in_order(A, B, used);
-            if (B.allFinite()) return Mat<Scalar>(A.transpose() * B);
+          // acc += f·Aᵀ·B over those keys ([rows, N_k]ᵀ·[rows, d]), for dK and dV: a key's
+          // gradient comes only from the rows that see it. In index order, each element's sum
+          // runs on over every row of every query head of the group (in_order.h), as a plain
+          // loop adds a kv head's dK and dV: a sum group_size times longer than one head's.
+          const auto add_seen_transpose_times = [&](Mat<Scalar>& acc, Scalar f, const Mat<Scalar>& A,
+                                                    const Mat<Scalar>& B) {
+            if (in_order) return add_transpose_times_in_order(acc, Mat<Scalar>(f * A), B, used);
+            if (B.allFinite()) return void(acc += f * Mat<Scalar>(A.transpose() * B));
             Mat<Scalar> C = Mat<Scalar>::Zero(Nk, B.cols());
             for (int64_t i = 0; i < rows; ++i) {
               const int64_t n = n_used[size_t(i)];
               if (n > 0) C.topRows(n).noalias() += A.row(i).head(n).transpose() * B.row(i);
             }
-            return C;
+            acc += f * C;
           };
 
           Mat<Scalar> P_in = Pm;  // P as it enters the P·V product
@@ -218,19 +215,23 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
           const Mat<Scalar> dOr = load<Scalar>(mode, dO + p.q_offset(b, h, r0), rows, d);
           round_to(mode, Or);  // a kernel computes D from the O it stored
           Eigen::Matrix<Scalar, Eigen::Dynamic, 1> Dr = dOr.cwiseProduct(Or).rowwise().sum();  // D = rowsum(dO∘O)
+          // In index order too, but from the last column to the first: dP = dO Vᵀ runs from the
+          // first. Where one key takes a row's whole weight, O = V_j and dP_ij − D_i cancels to
+          // the difference of the two sums' roundings, which a stage computing them in two
+          // orders (a product and a row sum) leaves in dS; one order for both would leave 0.
           if (in_order)
             for (int64_t i = 0; i < rows; ++i) {
               Dr(i) = 0;
-              for (int64_t c = 0; c < d; ++c) Dr(i) += dOr(i, c) * Or(i, c);
+              for (int64_t c = d - 1; c >= 0; --c) Dr(i) += dOr(i, c) * Or(i, c);
             }
-          dV_acc += seen_transpose_times(P_in, dOr);                   // dV += Pᵀ dO
+          add_seen_transpose_times(dV_acc, 1, P_in, dOr);              // dV += Pᵀ dO
           const Mat<Scalar> dP =                                       // dP = dO Vᵀ
               in_order ? times_in_order(dOr, VhT, all_d) : Mat<Scalar>(dOr * Vh.transpose());
           Mat<Scalar> dS = P_bwd.cwiseProduct(dP.colwise() - Dr);      // dS = P∘(dP − D)
           for (int64_t i = 0; i < rows; ++i)  // 0 on keys the row does not take part with
             dS.row(i).tail(Nk - n_used[size_t(i)]).setZero();
           round_to(mode, dS);
-          dK_acc += scale * seen_transpose_times(dS, Qr);              // dK += scale·dSᵀ Q
+          add_seen_transpose_times(dK_acc, scale, dS, Qr);             // dK += scale·dSᵀ Q
           const Mat<Scalar> dQr = scale * seen_times(dS, Kh);          // dQ = scale·dS K
           store(r.dQ, p.q_offset(b, h, r0), dQr);
           for (int64_t i = 0; i < rows; ++i) r.D[size_t(lo + i)] = double(Dr(i));
@@ -248,17 +249,17 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
 }  // namespace
 
 Reference reference_forward(const Problem& p, const float* Q, const float* K, const float* V,
-                            RefMode mode, bool want_P) {
+                            RefMode mode, bool want_P, int merged_parts) {
   if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
-    return run<float>(p, Q, K, V, nullptr, mode, want_P);
-  return run<double>(p, Q, K, V, nullptr, mode, want_P);
+    return run<float>(p, Q, K, V, nullptr, mode, want_P, merged_parts);
+  return run<double>(p, Q, K, V, nullptr, mode, want_P, merged_parts);
 }
 
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
-                             const float* dO, RefMode mode) {
+                             const float* dO, RefMode mode, int merged_parts) {
   if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
-    return run<float>(p, Q, K, V, dO, mode, false);
-  return run<double>(p, Q, K, V, dO, mode, false);
+    return run<float>(p, Q, K, V, dO, mode, false, merged_parts);
+  return run<double>(p, Q, K, V, dO, mode, false, merged_parts);
 }
 
 }  // namespace fa

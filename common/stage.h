@@ -52,9 +52,11 @@ struct StageInfo {
   std::vector<int> head_dims;             ///< supported head dims; empty means any
   /// Stage 01 only: exp() overflows on large logits, so it is expected to fail there.
   bool overflows_on_large_logits = false;
-  /// Its result merges partial (O, L) of key blocks by the log-sum-exp rule (stage 12's
-  /// rings): an fp32 check then also allows the error of the merging baseline (RefMode::F32Merged).
-  bool merges_partials = false;
+  /// The most partial results (O, L) of key blocks a row's result is merged from by the
+  /// log-sum-exp rule, for a problem under the calling thread's options (stage 12's rings:
+  /// one per key chunk); empty for a stage that merges none. An fp32 check then also allows
+  /// the error of a baseline that merges as many (RefMode::F32Merged): every merge rounds L.
+  std::function<int(const Problem&)> merged_parts;
 
   ForwardFn forward;                  ///< always set
   BackwardFn backward;                ///< empty when the stage has no backward

@@ -26,7 +26,7 @@ done
 select=()
 if ((quick == 0)); then
   build="$root/build"
-  "$root/scripts/setup/setup.sh" "$build"
+  "$root/scripts/setup/setup.sh" --tests "$build"  # what the tests run (not bench06 and the like)
 else
   build="$root/build-quick"
   "$root/scripts/setup/setup.sh" --quick "$build"

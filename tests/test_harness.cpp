@@ -9,6 +9,7 @@
 #include <string>
 
 #include "check.h"
+#include "mask_reference.h"
 #include "reference.h"
 #include "stage_list.h"
 #include "tensors.h"
@@ -167,6 +168,37 @@ TEST_CASE("tolerance: twice the same-precision baseline plus a floor of a few ul
   const auto f32 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F32);
   const auto f16 = fa::reference_forward(p, t.Q.data(), t.K.data(), t.V.data(), fa::RefMode::F16);
   CHECK(fa::tolerance(ex.O, f16.O, fa::Dtype::F16) > 10 * fa::tolerance(ex.O, f32.O, fa::Dtype::F32));
+}
+
+// The in-order baseline adds a kv head's dK and dV as a plain loop over the GQA group does:
+// every row of every query head into one accumulator, not a sum per head added to it (whose
+// sums are a group's size shorter, and whose error so falls short of such a stage's: stage
+// 06's dV missed a budget so, 4.3e-6 against 3.4e-6 at 6 query heads over 2). With one key,
+// P = 1 exactly and dV is the sum of dO's rows: head 0 brings 1, then head 1 four times 2⁻²⁴.
+// One accumulator rounds each 1 + 2⁻²⁴ back to 1 (a tie, to even); sums per head give
+// 4·2⁻²⁴, then 1 + 2⁻²² exactly. dK is added by the same function.
+TEST_CASE("the in-order baseline adds dK and dV over the whole GQA group in one sum") {
+  const Problem p = small(false, 4, 1);  // 2 query heads over 1 kv head, 4 rows, 1 key
+  fa::Tensors t = fa::Tensors::make(p, 3, fa::Dist::Normal, true);
+  for (int b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seq_q; ++i)
+      for (int c = 0; c < p.head_dim; ++c) {
+        t.dO[size_t(p.q_offset(b, 0, i) + c)] = i == 0 ? 1.0f : 0.0f;
+        t.dO[size_t(p.q_offset(b, 1, i) + c)] = std::ldexp(1.0f, -24);
+      }
+  const auto exact = fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+  const auto in_order =
+      fa::reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), fa::RefMode::F32InOrder);
+  const auto masked = fa::reference_backward_masked(p, fa::Modifiers{}, t.Q.data(), t.K.data(), t.V.data(),
+                                                    t.dO.data(), fa::RefMode::F32InOrder);
+  for (size_t i = 0; i < exact.dV.size(); ++i) {
+    INFO("in-order dV[" << i << "] = 1 + " << (in_order.dV[i] - 1) << ", masked reference's 1 + "
+                        << (masked.dV[i] - 1) << ", exact 1 + " << (exact.dV[i] - 1)
+                        << ": one sum over the group gives 1 + 0");
+    CHECK(exact.dV[i] == 1 + std::ldexp(1.0, -22));
+    CHECK(in_order.dV[i] == 1.0);
+    CHECK(masked.dV[i] == 1.0);
+  }
 }
 
 namespace {

@@ -92,6 +92,16 @@ TEST_CASE("stage 12: NaN and inf under a mask") { fa::test::check_nonfinite_sema
 TEST_CASE("stage 12: properties") { fa::test::check_properties(stage(), fa::Dtype::F32, true); }
 TEST_CASE("stage 12: refusals") { fa::test::check_refusals(stage(), fa::Dtype::F32); }
 TEST_CASE("stage 12: random shapes") { fa::test::check_random_shapes(stage(), fa::Dtype::F32, true, 6); }
+// Random cases that missed a budget that did not model the stage's sums (docs/design.md §5).
+// 8 key chunks fold into a row's (O, L), every merge rounding L, and row 51's large term of
+// dK carries its L error (FA_TEST_SEED=220, case 3). One key: P = 1, O = V and dS = P∘(dP − D)
+// is 0 up to the different roundings of dP (a product) and D (a row sum) (FA_TEST_SEED=817).
+TEST_CASE("stage 12: eight merges of L, and dP - D that cancels") {
+  fa::test::expect_pass(stage(), make(2, 1, 1, 65, 80, 16, true), fa::Dtype::F32, 16051161096050352590ull,
+                        fa::Dist::Normal, true);
+  fa::test::expect_pass(stage(), make(1, 4, 2, 98, 1, 40, true), fa::Dtype::F32, 11560525492096076931ull,
+                        fa::Dist::Normal, true);
+}
 
 // ---- every ring size and split
 

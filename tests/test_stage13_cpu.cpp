@@ -20,6 +20,7 @@
 #include "masked_backward.h"
 #include "masks.h"
 #include "modifier_cases.h"
+#include "stage13_mask_checks.h"
 #include "stage_checks.h"
 
 namespace {
@@ -27,6 +28,7 @@ namespace {
 using fa::Modifiers;
 using fa::Problem;
 using fa::test::documents;
+using fa::test::misclassified;
 using fa::test::sink_logits;
 namespace s13 = fa::stage13;
 
@@ -87,33 +89,6 @@ std::vector<std::pair<std::string, Modifiers>> modifier_sets(int heads) {
   return sets;
 }
 
-// Visible entries of one tile, by the reference's definition.
-int64_t visible_in_tile(const Problem& p, const Modifiers& m, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
-  int64_t n = 0;
-  for (int64_t r = r0; r < r0 + rows; ++r)
-    for (int64_t c = c0; c < c0 + cols; ++c) n += fa::mask_keeps(p, m, r, c);
-  return n;
-}
-
-// Every tile's class against its count of visible entries: skip holds none, full holds all,
-// partial holds fewer than all. With `exact`, partial also holds at least one. Returns the
-// number of tiles that break the rule.
-template <typename Mask>
-int64_t misclassified(const Problem& p, const Modifiers& m, const Mask& mask, int64_t B_r, int64_t B_c, bool exact) {
-  int64_t wrong = 0;
-  for (int64_t r0 = 0; r0 < p.seq_q; r0 += B_r)
-    for (int64_t c0 = 0; c0 < p.seq_k; c0 += B_c) {
-      const int64_t rows = std::min(B_r, p.seq_q - r0), cols = std::min(B_c, p.seq_k - c0);
-      const int64_t n = visible_in_tile(p, m, r0, rows, c0, cols);
-      switch (mask.classify(r0, rows, c0, cols)) {
-        case s13::TileKind::Skip: wrong += n != 0; break;
-        case s13::TileKind::Full: wrong += n != rows * cols; break;
-        case s13::TileKind::Partial: wrong += n == rows * cols || (exact && n == 0); break;
-      }
-    }
-  return wrong;
-}
-
 // A mask that skips one tile that holds visible entries: what a wrong classify would do.
 struct SkipsOneTile {
   s13::BlockMask real;
@@ -126,31 +101,6 @@ struct SkipsOneTile {
     return real.classify(r0, rows, c0, cols);
   }
 };
-
-// The problems and masks the mask tests walk: causal, windows and documents with N_q ≠ N_k.
-std::vector<std::pair<Problem, Modifiers>> mask_cases() {
-  std::vector<std::pair<Problem, Modifiers>> cases;
-  for (bool causal : {false, true})
-    for (auto [nq, nk] : {std::pair{37, 37}, std::pair{50, 23}, std::pair{23, 50}}) {
-      const Problem p = make(1, 1, 1, nq, nk, 16, causal);
-      cases.push_back({p, Modifiers{}});
-      for (auto [l, r] : {std::pair{0, 0}, std::pair{4, -1}, std::pair{-1, 3}, std::pair{7, 2}, std::pair{100, 100}}) {
-        Modifiers m;
-        if (l >= 0) m.window_left = l;
-        if (r >= 0) m.window_right = r;
-        cases.push_back({p, m});
-      }
-    }
-  for (bool causal : {false, true}) {
-    cases.push_back({make(1, 1, 1, 40, 40, 16, causal), documents({1, 1, 0, 13, 0, 20, 5}, {1, 1, 0, 13, 0, 20, 5})});
-    cases.push_back({make(1, 1, 1, 30, 41, 16, causal), documents({3, 0, 10, 17}, {5, 2, 1, 33})});
-    cases.push_back({make(1, 1, 1, 45, 45, 16, causal), documents({10, 30}, {10, 30})});  // rows 40.. see nothing
-    Modifiers w = documents({9, 0, 24, 7}, {9, 0, 24, 7});
-    w.window_left = 3;
-    cases.push_back({make(1, 1, 1, 40, 40, 16, causal), w});
-  }
-  return cases;
-}
 
 }  // namespace
 
@@ -216,22 +166,6 @@ TEST_CASE("the masked reference's mask follows the definitions; its backward mat
     const double down = loss(), lo = m.sinks[size_t(h)];
     m.sinks[size_t(h)] = s0;
     CHECK(g.dsinks[size_t(h)] == doctest::Approx((up - down) / (hi - lo)).epsilon(1e-4).scale(1.0));
-  }
-}
-
-TEST_CASE("the block mask: keep() is the definition and every tile is classified right") {
-  for (const auto& [p, m] : mask_cases()) {
-    const s13::BlockMask mask(p, m);
-    INFO(p.describe(), " | ", m.describe());
-    int64_t differ = 0;
-    for (int64_t r = 0; r < p.seq_q; ++r)
-      for (int64_t c = 0; c < p.seq_k; ++c) differ += mask.keep(r, c) != fa::mask_keeps(p, m, r, c);
-    CHECK(differ == 0);
-    // Without documents the classification is exact; with them a tile whose rows from the first
-    // that reaches it are a document's empty top rows may be called partial (a lost skip, never
-    // a wrong one).
-    for (auto [B_r, B_c] : {std::pair{1, 1}, std::pair{4, 8}, std::pair{8, 3}, std::pair{16, 16}, std::pair{64, 64}})
-      CHECK(misclassified(p, m, mask, B_r, B_c, !m.has_documents()) == 0);
   }
 }
 

@@ -1,10 +1,9 @@
 // Stage 13 on Hopper (masked_hopper.h): the GPU forward and backward under the modifiers
 // against the float64 mask reference (common/mask_reference.h).
 //
-// Test suite "cpu" (every machine): the kernel's document mask (document_mask.h) against the
-// reference's mask_keeps() element by element — no visible key in a tile that is not loaded,
-// every full tile seen whole by every row — and the refusals of bad input, which come before
-// the device is touched.
+// Test suite "cpu" (every machine): the tile counts of a window and the refusals of bad input,
+// which come before the device is touched. The kernel's document mask (document_mask.h) is
+// checked against the reference's mask in test_stage13_mask.cpp (part of stage13_cpu).
 // GPU tests (compute capability 9.x): every modifier alone and in combinations, causal and
 // not, over head dims 64 and 128, bf16 and f16: windows 0, small and ≥ N; documents with
 // empty and one-token ones, unequal query and key lengths, rows past the last document;
@@ -15,7 +14,7 @@
 // The backward runs on the GPU forward's O and L: dQ, dK, dV and dsinks against the reference's
 // backward, over the same kinds of cases, with a 16-bit baseline of its own (P, O, dS rounded
 // where a tensor-core kernel rounds them); its query-tile range is checked on the CPU against
-// classify() and keep().
+// classify() and keep() (test_stage13_mask.cpp).
 //
 // Without a GPU only the "cpu" suite runs, then the program exits 77 (skipped).
 // FA_TEST_SMALL=1 shrinks the cases (compute-sanitizer runs).
@@ -37,7 +36,6 @@
 
 #include "compare.h"
 #include "cuda_utils.h"
-#include "document_mask.h"
 #include "eigen.h"
 #include "mask_reference.h"
 #include "masked_hopper.h"
@@ -337,97 +335,6 @@ void expect_backward_pass(const std::string& name, Problem p, const Modifiers& m
 // ======================================================================================
 
 TEST_SUITE("cpu") {
-  TEST_CASE("13 hopper: the document mask against the reference's mask, tile by tile") {
-    struct Case {
-      Problem p;
-      Modifiers m;
-    };
-    std::vector<Case> cases;
-    for (bool causal : {false, true}) {
-      const auto add = [&](int seq_q, int seq_k, Modifiers m) { cases.push_back({make(1, 1, 1, seq_q, seq_k, 64, causal), m}); };
-      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}, {1000, 1000}}) {
-        Modifiers m;
-        if (wl >= 0) m.window_left = wl;
-        if (wr >= 0) m.window_right = wr;
-        add(1, 1, m), add(300, 300, m), add(130, 517, m), add(517, 130, m);
-        Modifiers docs = documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200});
-        docs.window_left = m.window_left, docs.window_right = m.window_right;
-        add(700, 700, docs);
-        Modifiers uneven = documents({5, 200, 0, 33, 1}, {17, 150, 3, 0, 250});
-        uneven.window_left = m.window_left, uneven.window_right = m.window_right;
-        add(260, 430, uneven);
-      }
-    }
-    int64_t tiles = 0;
-    for (const Case& c : cases) {
-      const std::vector<int64_t> cq = c.m.has_documents() ? c.m.cu_seqlens_q : std::vector<int64_t>{0, c.p.seq_q};
-      const std::vector<int64_t> ck = c.m.has_documents() ? c.m.cu_seqlens_k : std::vector<int64_t>{0, c.p.seq_k};
-      int right = c.m.window_right ? int(*c.m.window_right) : s13::kNoBound;
-      if (c.p.causal) right = std::min(right, 0);
-      const int left = c.m.window_left ? int(*c.m.window_left) : s13::kNoBound;
-      for (size_t doc = 0; doc + 1 < cq.size(); ++doc) {
-        const s13::DocumentMask mask{int(cq[doc + 1] - cq[doc]), int(ck[doc + 1] - ck[doc]), left, right};
-        CAPTURE(c.p.describe());
-        CAPTURE(c.m.describe());
-        CAPTURE(doc);
-        for (int i = 0; i < mask.n_q; ++i)  // keep() is the reference's mask, in document indices
-          for (int j = 0; j < mask.n_k; ++j)
-            REQUIRE(mask.keep(i, j) == fa::mask_keeps(c.p, c.m, cq[doc] + i, ck[doc] + j));
-        for (int rows : {64, 128, 192})
-          for (int row0 = 0; row0 < mask.n_q; row0 += rows) {
-            const int r1 = std::min(row0 + rows, mask.n_q);
-            for (int j = 0; j * 128 < mask.n_k; ++j) {
-              int visible = 0, cells = 0;
-              for (int i = row0; i < r1; ++i)
-                for (int k = j * 128; k < std::min((j + 1) * 128, mask.n_k); ++k) visible += mask.keep(i, k), ++cells;
-              const s13::GpuTileKind kind = mask.classify(row0, rows, j, 128);
-              CAPTURE(rows);
-              CAPTURE(row0);
-              CAPTURE(j);
-              if (kind == s13::GpuTileKind::Skip) CHECK(visible == 0);          // never loaded: sees nothing
-              if (kind == s13::GpuTileKind::Full) CHECK(visible == cells);      // unmasked: seen whole
-              if (kind == s13::GpuTileKind::Full) CHECK((j + 1) * 128 <= mask.n_k);
-              ++tiles;
-            }
-          }
-      }
-    }
-    CHECK(tiles > 1000);
-  }
-
-  TEST_CASE("13 hopper backward: the query tiles of a key tile are exactly those that see it") {
-    // query_tile_range (two binary searches) against classify() over every query tile, and
-    // against the reference's mask: a tile outside the range sees no key of the key tile.
-    int64_t pairs = 0;
-    for (bool causal : {false, true})
-      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}, {1000, 1000}})
-        for (auto [n_q, n_k] : {std::pair{1, 1}, {300, 300}, {130, 517}, {517, 130}, {64, 0}, {0, 64}, {700, 129}}) {
-          int right = wr >= 0 ? wr : s13::kNoBound;
-          if (causal) right = std::min(right, 0);
-          const s13::DocumentMask mask{n_q, n_k, wl >= 0 ? wl : s13::kNoBound, right};
-          for (int B_r : {64, 128})
-            for (int j = 0; j * 128 < n_k; ++j) {
-              const s13::KeyTileRange range = mask.query_tile_range(j, B_r, 128);
-              CAPTURE(causal);
-              CAPTURE(n_q);
-              CAPTURE(n_k);
-              CAPTURE(wl);
-              CAPTURE(wr);
-              CAPTURE(B_r);
-              CAPTURE(j);
-              for (int i = 0; i * B_r < n_q; ++i) {
-                const bool inside = range.first <= i && i < range.end;
-                CHECK(inside == (mask.classify(i * B_r, B_r, j, 128) != s13::GpuTileKind::Skip));
-                if (!inside)
-                  for (int row = i * B_r; row < std::min((i + 1) * B_r, n_q); ++row)
-                    for (int k = j * 128; k < std::min((j + 1) * 128, n_k); ++k) REQUIRE(!mask.keep(row, k));
-                ++pairs;
-              }
-            }
-        }
-    CHECK(pairs > 1000);
-  }
-
   TEST_CASE("13 hopper: a window skips the key tiles outside the band") {
     Problem p = make(1, 2, 2, 4096, 4096, 128, true);
     Modifiers m;

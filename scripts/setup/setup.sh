@@ -13,15 +13,22 @@
 #                                          A later full setup installs the rest into the same
 #                                          build folder (it reconfigures, so what it installed
 #                                          is found)
+#   scripts/setup/setup.sh --tests [build-dir]   (default: build) as the first form, but builds
+#                                          only what the tests run (target fa_tested: all but
+#                                          the timing programs no test runs, such as bench06)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 quick=0
 tour=0
+targets=()
 if [ "${1:-}" = "--quick" ]; then
   quick=1
   shift
 elif [ "${1:-}" = "--tour" ]; then
   tour=1
+  shift
+elif [ "${1:-}" = "--tests" ]; then
+  targets=(--target fa_tested)
   shift
 fi
 build="${1:-$root/build}"
@@ -82,4 +89,4 @@ fi
 # Configured every time (a few seconds): what was installed since the last call (torch, the
 # docs' tools after a tour's set-up) is then found.
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"

@@ -72,12 +72,18 @@ std::vector<std::pair<std::string, std::string>> work_rows(const Problem& p, int
           {"balance", balance}};
 }
 
+// A row's result is merged from one partial result per key chunk it sees: at most the
+// ring's key chunks (2P zigzag, P plain).
+int key_chunks(const Problem& p, int ranks, Split split) {
+  return int(make_plan(p, ranks_for(p, ranks, split), split, kStageName).k_chunks.size());
+}
+
 }  // namespace
 
 StageInfo info() {
   StageInfo s;
   s.name = kStageName;
-  s.merges_partials = true;
+  s.merged_parts = [](const Problem& p) { return key_chunks(p, cpu_config().ranks, cpu_config().split); };
   s.idea = "ring attention: the sequence split across P ranks, K/V passed around a ring, partial (O, L) merged; "
            "zigzag split for causal balance";
   s.forward = [](const Problem& p, Dtype, const float* Q, const float* K, const float* V, float* O, float* L) {
@@ -119,7 +125,7 @@ GpuConfig gpu_config() {
 StageInfo gpu_info() {
   StageInfo s;
   s.name = kGpuStageName;
-  s.merges_partials = true;
+  s.merged_parts = [](const Problem& p) { return key_chunks(p, gpu_config().ranks, gpu_config().split); };
   s.idea = "ring attention on GPUs: stages 10 and 11 (Hopper) or 08 and 09 on each rank, K/V passed by device copies "
            "or NCCL";
   s.is_gpu = true;
