@@ -59,8 +59,13 @@ CheckReport compare_backward(const Problem& p, Dtype dtype, const Tensors& t, in
   const Reference exact =
       reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
   std::vector<Reference> bases;
-  for (RefMode mode : baseline_modes(dtype, merged_parts))
-    bases.push_back(reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode, merged_parts));
+  for (RefMode mode : baseline_modes(dtype, merged_parts)) {
+    // The merging baseline with the stage's own L (reference.h): a merging stage's backward
+    // is judged on the L it was handed; that L is judged by the forward's check.
+    const float* L_given = mode == RefMode::F32Merged ? t.L.data() : nullptr;
+    bases.push_back(
+        reference_backward(p, t.Q.data(), t.K.data(), t.V.data(), t.dO.data(), mode, merged_parts, L_given));
+  }
   CheckReport r;
   r.items.push_back(compare("dQ", t.dQ.data(), exact.dQ, q_shape(p), tol_of(&Reference::dQ, exact, bases, dtype)));
   r.items.push_back(compare("dK", t.dK.data(), exact.dK, kv_shape(p), tol_of(&Reference::dK, exact, bases, dtype)));

@@ -48,7 +48,7 @@ void store(std::vector<double>& dst, int64_t offset, const Mat<Scalar>& x) {
 
 template <typename Scalar>
 Reference run(const Problem& p, const float* Q, const float* K, const float* V, const float* dO,
-              RefMode mode, bool want_P, int merged_parts) {
+              RefMode mode, bool want_P, int merged_parts, const float* L_given = nullptr) {
   p.validate("reference");
   const bool backward = dO != nullptr;
   const bool in_order = mode == RefMode::F32InOrder, merged = mode == RefMode::F32Merged;
@@ -139,6 +139,12 @@ Reference run(const Problem& p, const float* Q, const float* K, const float* V, 
                 for (int64_t j = j0; j < j1; ++j) l_run[size_t(t)] += std::exp(S(i, j) - m_t);
                 const Scalar L_t = m_t + std::log(l_run[size_t(t)]), top = std::max(L, L_t);
                 L = L == -inf ? L_t : top + std::log(std::exp(L - top) + std::exp(L_t - top));
+              }
+              // The stage's own L instead, where the caller hands it (compare_backward): its
+              // rounding is the stage's, not this sequence's (see reference_backward).
+              if (L_given) {
+                const Scalar Lg = Scalar(L_given[p.l_offset(b, h, r0) + i]);
+                if (std::isfinite(Lg)) L = Lg;
               }
               for (int64_t t = 0; t < k; ++t) {
                 const Scalar m_t = m_run[size_t(t)], w = std::exp(m_t + std::log(l_run[size_t(t)]) - L) / l_run[size_t(t)];
@@ -256,8 +262,9 @@ Reference reference_forward(const Problem& p, const float* Q, const float* K, co
 }
 
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
-                             const float* dO, RefMode mode, int merged_parts) {
-  if (mode == RefMode::F32 || mode == RefMode::F32InOrder || mode == RefMode::F32Merged)
+                             const float* dO, RefMode mode, int merged_parts, const float* L_given) {
+  if (mode == RefMode::F32Merged) return run<float>(p, Q, K, V, dO, mode, false, merged_parts, L_given);
+  if (mode == RefMode::F32 || mode == RefMode::F32InOrder)
     return run<float>(p, Q, K, V, dO, mode, false, merged_parts);
   return run<double>(p, Q, K, V, dO, mode, false, merged_parts);
 }

@@ -55,8 +55,15 @@ Reference reference_forward(const Problem& p, const float* Q, const float* K, co
 
 /// Forward and backward for the loss whose gradient with respect to O is dO.
 /// GQA: dK and dV of a kv head sum the contributions of every query head in its group.
+/// `L_given` (F32Merged only; [b][h][N_q] fp32): the L of the stage under test, used for the
+/// merged weights e^{L_t − L} of every row where it is finite, in place of the L this
+/// baseline's own merges give. A merging stage's backward recomputes every P of a row from
+/// the L it was handed, so the rounding of that L (judged by the forward's check) reaches a
+/// large term of dK or dV; this baseline then carries the same rounding in the same rows,
+/// where its own merges would put theirs elsewhere.
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
-                             const float* dO, RefMode mode = RefMode::Exact, int merged_parts = 2);
+                             const float* dO, RefMode mode = RefMode::Exact, int merged_parts = 2,
+                             const float* L_given = nullptr);
 
 /// The reference mode of the plain same-precision evaluation for a stage computing in `t`
 /// (F32, F16 or BF16).
