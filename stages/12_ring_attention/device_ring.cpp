@@ -4,11 +4,14 @@
 // same overlap as between GPUs, with the GPU's copy engines standing in for the links.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cuda_utils.h"
 #include "ring_gpu.h"
+#include "tensor_core_bwd.h"
 
 namespace fa::stage12 {
 
@@ -108,6 +111,14 @@ const char* transport_name(TransportKind t) { return t == TransportKind::Device 
 
 const char* kernels_name(RankKernels k) {
   return k == RankKernels::Auto ? "auto" : k == RankKernels::TensorCores ? "tensor_core" : "hopper";
+}
+
+void require_head_dim_of_kernels(bool hopper, int head_dim) {
+  const auto& dims = stage09::kHeadDims;
+  if (!hopper && std::find(dims.begin(), dims.end(), head_dim) == dims.end())
+    throw std::invalid_argument(std::string(kGpuStageName) + ": head_dim = " + std::to_string(head_dim) +
+                                " needs the Hopper kernels (stages 10 and 11); the tensor-core kernels " +
+                                "(stages 08 and 09) have head_dim = 64 and 128");
 }
 
 bool runs_hopper(RankKernels k, const std::vector<int>& devices) {

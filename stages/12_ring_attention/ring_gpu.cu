@@ -304,8 +304,7 @@ class GpuRank final : public Rank {
   DeviceBuffer O_part_, L_part_, dK_part_, dV_part_;  // one pair's results
 };
 
-// The Hopper set's (stage 11's: 64, 128, 256; stage 10 has them all); the tensor-core set
-// has 09's, 64 and 128, and a ring on it refuses 256 (GpuRing's constructor).
+// The Hopper set's (stage 11's; the tensor-core set's are refused: require_head_dim_of_kernels).
 const std::vector<int>& gpu_head_dims() { return stage11::kHeadDims; }
 
 namespace {
@@ -344,11 +343,7 @@ GpuRing::GpuRing(const Problem& p, const GpuConfig& c, Dtype t, Pass pass, std::
     : plan_(checked_plan(p, c, t)), dtype_(t), pass_(pass), devices_(ring_devices(c.transport, plan_.ranks)),
       hopper_(runs_hopper(c.kernels, devices_)), kv_ring_(std::move(kv_ring)), dkv_ring_(std::move(dkv_ring)),
       sums_(size_t(plan_.ranks), 0) {
-  const auto& dims = stage09::kHeadDims;
-  if (!hopper_ && std::find(dims.begin(), dims.end(), p.head_dim) == dims.end())
-    throw std::invalid_argument(std::string(kGpuStageName) + ": head_dim = " + std::to_string(p.head_dim) +
-                                " needs the Hopper kernels (stages 10 and 11); the tensor-core kernels " +
-                                "(stages 08 and 09) have head_dim = 64 and 128");
+  require_head_dim_of_kernels(hopper_, p.head_dim);
   const DeviceGuard guard;
   whole_device_ = guard.device;
   for (int r = 0; r < plan_.ranks; ++r)

@@ -48,6 +48,10 @@ struct GpuConfig {
 /// naming it, and for a value that is not a RankKernels.
 bool runs_hopper(RankKernels k, const std::vector<int>& devices);
 
+/// Throws std::invalid_argument for a head dim the chosen kernel set has no kernel for: the
+/// tensor-core set (hopper = false, stages 08 and 09) has 64 and 128 of gpu_head_dims().
+void require_head_dim_of_kernels(bool hopper, int head_dim);
+
 /// Head dims of the ring: those of the Hopper kernel set, stage 11's kHeadDims (64, 128, 256).
 /// A ring on the tensor-core set (stages 08 and 09) takes 64 and 128 and refuses 256.
 const std::vector<int>& gpu_head_dims();
