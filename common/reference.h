@@ -60,7 +60,7 @@ Reference reference_forward(const Problem& p, const float* Q, const float* K, co
 /// baseline's own merges give. A merging stage's backward recomputes every P of a row from
 /// the L it was handed, so the rounding of that L (judged by the forward's check) reaches a
 /// large term of dK or dV; this baseline then carries the same rounding in the same rows,
-/// where its own merges would put theirs elsewhere.
+/// where its own merges put theirs elsewhere (compare_backward takes both).
 Reference reference_backward(const Problem& p, const float* Q, const float* K, const float* V,
                              const float* dO, RefMode mode = RefMode::Exact, int merged_parts = 2,
                              const float* L_given = nullptr);
