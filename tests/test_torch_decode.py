@@ -20,6 +20,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+from torch_checks import refused, run_tests, skip  # noqa: E402 (tests/, beside this file)
 import fa_attention as fa  # noqa: E402
 
 try:
@@ -37,16 +38,9 @@ if torch is not None:
     HAS_GPU = torch.cuda.is_available()
 
 
-class _Skipped(Exception):
-    pass
-
-
 def _skip_gpu():
     if not HAS_GPU:
-        if "pytest" in sys.modules:
-            import pytest
-            pytest.skip("no CUDA device")
-        raise _Skipped("no CUDA device")
+        skip("no CUDA device")
 
 
 # ---- problems and the reference ----
@@ -225,20 +219,6 @@ def test_compile_cpu():
     print("ok   torch.compile(fullgraph=True) of append_kv + decode on CPU equals eager")
 
 
-def _refused(fn, says, what, untouched=()):
-    """fn raises ValueError saying `says`; the tensors in `untouched` (pairs of a tensor and a
-    copy taken before) are unchanged."""
-    try:
-        fn()
-    except ValueError as e:
-        assert says in str(e), f"{what}: message '{e}' does not say '{says}'"
-        for now, before in untouched:
-            assert torch.equal(now, before), f"{what}: refused, yet a cache was written"
-        print(f"ok   {what} refused: {e}")
-        return
-    raise AssertionError(f"{what} was not refused")
-
-
 def refusals(device, dtype):
     t = make_problem([5, 20], 4, 2, 1, 64, block_size=16)
     q, k, v, lens, table, kn, vn = (None if x is None else x.to(device, dtype if x.is_floating_point() else x.dtype)
@@ -247,32 +227,32 @@ def refusals(device, dtype):
     cq, ck, cv, clens = (x.to(device, dtype if x.is_floating_point() else x.dtype)
                          for x in (c[n] for n in ("q", "k", "v", "lens")))
     dec = fa.decode
-    _refused(lambda: dec(q[0], k, v, lens, table), "4 dimensions", "q of rank 3")
-    _refused(lambda: dec(q, k, v[:, :1], lens, table), "same shape", "k_cache and v_cache of different shapes")
-    _refused(lambda: dec(q[..., :32], k, v, lens, table), "head_dim", "q of another head dim")
-    _refused(lambda: dec(q, k, v.half() if dtype != torch.float16 else v.float(), lens, table), "different dtypes",
+    refused(lambda: dec(q[0], k, v, lens, table), "4 dimensions", "q of rank 3")
+    refused(lambda: dec(q, k, v[:, :1], lens, table), "same shape", "k_cache and v_cache of different shapes")
+    refused(lambda: dec(q[..., :32], k, v, lens, table), "head_dim", "q of another head dim")
+    refused(lambda: dec(q, k, v.half() if dtype != torch.float16 else v.float(), lens, table), "different dtypes",
              "mixed dtypes")
-    _refused(lambda: dec(q, k, v, lens.long(), table), "torch.int32", "int64 cache_seqlens")
-    _refused(lambda: dec(q, k, v, lens[:1], table), "one length per sequence", "one length for two sequences")
-    _refused(lambda: dec(q, k, v, lens, table.long()), "block_table must be torch.int32", "int64 block table")
-    _refused(lambda: dec(q, k, v, lens), "contiguous k_cache", "a pool without a block table")
-    _refused(lambda: dec(cq[:1], ck, cv, clens[:1]), "[1, kv_heads, capacity", "a contiguous cache of another batch")
-    _refused(lambda: dec(q[:, :3], k, v, lens, table), "heads = 3", "heads 3 over kv_heads 2")
+    refused(lambda: dec(q, k, v, lens.long(), table), "torch.int32", "int64 cache_seqlens")
+    refused(lambda: dec(q, k, v, lens[:1], table), "one length per sequence", "one length for two sequences")
+    refused(lambda: dec(q, k, v, lens, table.long()), "block_table must be torch.int32", "int64 block table")
+    refused(lambda: dec(q, k, v, lens), "contiguous k_cache", "a pool without a block table")
+    refused(lambda: dec(cq[:1], ck, cv, clens[:1]), "[1, kv_heads, capacity", "a contiguous cache of another batch")
+    refused(lambda: dec(q[:, :3], k, v, lens, table), "heads = 3", "heads 3 over kv_heads 2")
     big = torch.zeros(2, 4, 17, 64, device=device, dtype=dtype)
-    _refused(lambda: dec(big, k, v, torch.tensor([20, 20], dtype=torch.int32, device=device), table), "q_len = 17",
+    refused(lambda: dec(big, k, v, torch.tensor([20, 20], dtype=torch.int32, device=device), table), "q_len = 17",
              "q_len 17")
     kk = k.transpose(2, 3).contiguous().transpose(2, 3)
-    _refused(lambda: dec(q, kk, v, lens, table), "contiguous", "a strided cache")
-    _refused(lambda: dec(q, k, v, lens, table.to("meta")), "block_table is on meta", "a block table on another device")
-    _refused(lambda: dec(q, k, v, lens.to("meta"), table), "cache_seqlens is on meta", "lengths on another device")
+    refused(lambda: dec(q, kk, v, lens, table), "contiguous", "a strided cache")
+    refused(lambda: dec(q, k, v, lens, table.to("meta")), "block_table is on meta", "a block table on another device")
+    refused(lambda: dec(q, k, v, lens.to("meta"), table), "cache_seqlens is on meta", "lengths on another device")
     # Appends that are refused write nothing.
     k0, v0, ck0, cv0 = k.clone(), v.clone(), ck.clone(), cv.clone()
     keep = ((k, k0), (v, v0), (ck, ck0), (cv, cv0))
     app = fa.append_kv
-    _refused(lambda: app(kn, vn[:, :1], k, v, lens, table), "must match k_new", "v_new of another shape", keep)
-    _refused(lambda: app(kn[:, :1], vn[:, :1], k, v, lens, table), "kv_heads", "k_new of other kv_heads", keep)
-    _refused(lambda: app(kn, vn, k, v, lens.long(), table), "torch.int32", "append with int64 lengths", keep)
-    _refused(lambda: app(kn, vn, k, v, lens, table.to("meta")), "block_table is on meta",
+    refused(lambda: app(kn, vn[:, :1], k, v, lens, table), "must match k_new", "v_new of another shape", keep)
+    refused(lambda: app(kn[:, :1], vn[:, :1], k, v, lens, table), "kv_heads", "k_new of other kv_heads", keep)
+    refused(lambda: app(kn, vn, k, v, lens.long(), table), "torch.int32", "append with int64 lengths", keep)
+    refused(lambda: app(kn, vn, k, v, lens, table.to("meta")), "block_table is on meta",
              "append with a block table on another device", keep)
     return dict(q=q, k=k, v=v, lens=lens, table=table, kn=kn, vn=vn, keep=keep, c=(cq, ck, cv, clens))
 
@@ -282,20 +262,20 @@ def test_refusals_cpu():
     q, k, v, lens, table, kn, vn, keep = (r[n] for n in ("q", "k", "v", "lens", "table", "kn", "vn", "keep"))
     cq, ck, cv, clens = r["c"]
     # What stage 14 itself refuses (on the host: the CPU path reads lengths and table).
-    _refused(lambda: fa.decode(q.double(), k.double(), v.double(), lens, table), "float64", "CPU float64")
-    _refused(lambda: fa.decode(cq, ck, cv, torch.tensor([5, 33], dtype=torch.int32)), "cache_seqlens[1] = 33",
+    refused(lambda: fa.decode(q.double(), k.double(), v.double(), lens, table), "float64", "CPU float64")
+    refused(lambda: fa.decode(cq, ck, cv, torch.tensor([5, 33], dtype=torch.int32)), "cache_seqlens[1] = 33",
              "a length past the capacity")
     bad = table.clone()
     bad[1, 1] = 1000
-    _refused(lambda: fa.decode(q, k, v, lens, bad), "block_table[1][1] = 1000", "a block table entry out of the pool")
-    _refused(lambda: fa.append_kv(kn, vn, k, v, lens, bad), "block_table[1][1] = 1000",
+    refused(lambda: fa.decode(q, k, v, lens, bad), "block_table[1][1] = 1000", "a block table entry out of the pool")
+    refused(lambda: fa.append_kv(kn, vn, k, v, lens, bad), "block_table[1][1] = 1000",
              "append with a block table entry out of the pool", keep)
-    _refused(lambda: fa.append_kv(kn, vn, k, v, torch.tensor([5, 0], dtype=torch.int32), table),
+    refused(lambda: fa.append_kv(kn, vn, k, v, torch.tensor([5, 0], dtype=torch.int32), table),
              "cache_seqlens[1] = 0", "append to a sequence whose length does not count the new token", keep)
-    _refused(lambda: fa.append_kv(kn, vn, ck, cv, torch.tensor([5, 40], dtype=torch.int32)),
+    refused(lambda: fa.append_kv(kn, vn, ck, cv, torch.tensor([5, 40], dtype=torch.int32)),
              "cache_seqlens[1] = 40", "append past the capacity", keep)
     pool8 = torch.zeros(20, 2, 8, 64)
-    _refused(lambda: fa.decode(q, pool8, pool8, lens, torch.zeros(2, 3, dtype=torch.int32)), "block_size = 8",
+    refused(lambda: fa.decode(q, pool8, pool8, lens, torch.zeros(2, 3, dtype=torch.int32)), "block_size = 8",
              "block size 8")
 
 
@@ -411,32 +391,17 @@ def test_refusals_gpu():
     _skip_gpu()
     r = refusals("cuda", torch.bfloat16)
     q, k, v, lens, table, kn, vn, keep = (r[n] for n in ("q", "k", "v", "lens", "table", "kn", "vn", "keep"))
-    _refused(lambda: fa.decode(q.float(), k.float(), v.float(), lens, table), "float32", "CUDA float32")
-    _refused(lambda: fa.decode(q, k, v, lens, table.cpu()), "block_table is on cpu", "a host block table")
-    _refused(lambda: fa.decode(q, k, v, lens.cpu(), table), "cache_seqlens is on cpu", "host lengths")
-    _refused(lambda: fa.append_kv(kn, vn, k, v, lens, table.cpu()), "block_table is on cpu",
+    refused(lambda: fa.decode(q.float(), k.float(), v.float(), lens, table), "float32", "CUDA float32")
+    refused(lambda: fa.decode(q, k, v, lens, table.cpu()), "block_table is on cpu", "a host block table")
+    refused(lambda: fa.decode(q, k, v, lens.cpu(), table), "cache_seqlens is on cpu", "host lengths")
+    refused(lambda: fa.append_kv(kn, vn, k, v, lens, table.cpu()), "block_table is on cpu",
              "append with a host block table", keep)
-    _refused(lambda: fa.decode(q[..., :48], k[..., :48].contiguous(), v[..., :48].contiguous(), lens, table),
+    refused(lambda: fa.decode(q[..., :48], k[..., :48].contiguous(), v[..., :48].contiguous(), lens, table),
              "head_dim = 48", "head dim 48 on the GPU")
 
 
 def main():
-    if torch is None:
-        print("skipped: torch is not installed")
-        return 77
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    failed, skipped = [], []
-    for name, fn in tests:
-        try:
-            fn()
-        except _Skipped as e:
-            skipped.append(name)
-            print(f"skip {name}: {e}")
-        except Exception as e:  # noqa: BLE001 (report every test's failure, then fail)
-            failed.append(name)
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - len(failed) - len(skipped)} passed, {len(skipped)} skipped, {len(failed)} failed")
-    return 1 if failed else 0
+    return run_tests(globals(), torch is not None, "skipped: torch is not installed")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import warnings
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+from torch_checks import refused, run_tests, skip  # noqa: E402 (tests/, beside this file)
 
 try:
     import torch
@@ -31,16 +32,9 @@ if torch is not None:
     HAS_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-class _Skipped(Exception):
-    pass
-
-
 def _skip_unless_hopper():
     if not HAS_HOPPER:
-        if "pytest" in sys.modules:
-            import pytest
-            pytest.skip("no GPU of compute capability 9.x")
-        raise _Skipped("no GPU of compute capability 9.x")
+        skip("no GPU of compute capability 9.x")
 
 
 def dense_mask(nq, nk, causal, window, cu_q, cu_k):
@@ -221,16 +215,6 @@ def test_compile_cpu():
     print("ok   torch.compile(fullgraph=True) on CPU with documents")
 
 
-def _refused(fn, says, what):
-    try:
-        fn()
-    except ValueError as e:
-        assert says in str(e), f"{what}: message '{e}' does not say '{says}'"
-        print(f"ok   {what} refused: {e}")
-        return
-    raise AssertionError(f"{what} was not refused")
-
-
 def test_refusals_cpu():
     x = torch.zeros(1, 2, 8, 16)
     cu = torch.tensor([0, 4, 8], dtype=torch.int32)
@@ -253,44 +237,29 @@ def test_refusals_cpu():
         (dict(sinks=torch.zeros(2, dtype=torch.int32)), "sinks must be a floating tensor"),
     ]
     for mods, says in refusals:
-        _refused(lambda: attention(x, x, x, causal=True, **mods), says, f"modifiers {sorted(mods)} ({says})")
+        refused(lambda: attention(x, x, x, causal=True, **mods), says, f"modifiers {sorted(mods)} ({says})")
     xb = torch.zeros(2, 2, 8, 16)
-    _refused(lambda: attention(xb, xb, xb, cu_seqlens_q=cu, cu_seqlens_k=cu), "batch = 2 with cu_seqlens",
+    refused(lambda: attention(xb, xb, xb, cu_seqlens_q=cu, cu_seqlens_k=cu), "batch = 2 with cu_seqlens",
              "documents with batch 2")
-    _refused(lambda: attention(x, x, x, stage="06", window=(1, 1)), "stage '06' takes no modifiers",
+    refused(lambda: attention(x, x, x, stage="06", window=(1, 1)), "stage '06' takes no modifiers",
              "modifiers on another stage")
-    _refused(lambda: attention(x.double(), x.double(), x.double(), window=(1, 1)), "float64", "CPU float64")
+    refused(lambda: attention(x.double(), x.double(), x.double(), window=(1, 1)), "float64", "CPU float64")
 
 
 def test_refusals_gpu():
     _skip_unless_hopper()
     x = torch.zeros(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
-    _refused(lambda: attention(x.float(), x.float(), x.float(), window=(1, 1)), "float32", "CUDA float32")
-    _refused(lambda: attention(x, x, x, sinks=torch.zeros(2)), "sinks is on cpu", "sinks on the CPU")
+    refused(lambda: attention(x.float(), x.float(), x.float(), window=(1, 1)), "float32", "CUDA float32")
+    refused(lambda: attention(x, x, x, sinks=torch.zeros(2)), "sinks is on cpu", "sinks on the CPU")
     bad = torch.tensor([0, 9], dtype=torch.int32, device="cuda")
-    _refused(lambda: attention(x, x, x, cu_seqlens_q=bad, cu_seqlens_k=bad), "ends at 9, past the tensor",
+    refused(lambda: attention(x, x, x, cu_seqlens_q=bad, cu_seqlens_k=bad), "ends at 9, past the tensor",
              "a device cu_seqlens past the tensor")
     y = torch.zeros(1, 2, 8, 32, device="cuda", dtype=torch.bfloat16)
-    _refused(lambda: attention(y, y, y, window=(1, 1)), "head_dim = 32", "head_dim 32")
+    refused(lambda: attention(y, y, y, window=(1, 1)), "head_dim = 32", "head_dim 32")
 
 
 def main():
-    if torch is None:
-        print("skipped: torch is not installed")
-        return 77
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    failed, skipped = [], []
-    for name, fn in tests:
-        try:
-            fn()
-        except _Skipped as e:
-            skipped.append(name)
-            print(f"skip {name}: {e}")
-        except Exception as e:  # noqa: BLE001 (report every test's failure, then fail)
-            failed.append(name)
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - len(failed) - len(skipped)} passed, {len(skipped)} skipped, {len(failed)} failed")
-    return 1 if failed else 0
+    return run_tests(globals(), torch is not None, "skipped: torch is not installed")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 import warnings
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+from torch_checks import refused, run_tests, skip  # noqa: E402 (tests/, beside this file)
 import fa_attention as fa  # noqa: E402
 
 try:
@@ -40,14 +41,7 @@ if torch is not None:
 
 def _skip_gpu():
     if not HAS_GPU:
-        if "pytest" in sys.modules:
-            import pytest
-            pytest.skip("no CUDA device")
-        raise _Skipped("no CUDA device")
-
-
-class _Skipped(Exception):
-    pass
+        skip("no CUDA device")
 
 
 def reference(q, k, v, causal, scale, dtype):
@@ -179,30 +173,20 @@ def test_side_stream():
     print("ok   side stream")
 
 
-def _refused(fn, says, what):
-    try:
-        fn()
-    except ValueError as e:  # what the op or the stage refuses
-        assert says in str(e), f"{what}: message '{e}' does not say '{says}'"
-        print(f"ok   {what} refused: {e}")
-        return
-    raise AssertionError(f"{what} was not refused")
-
-
 def test_refusals_cpu():
     x = torch.zeros(1, 2, 4, 16)
-    _refused(lambda: attention(x.double(), x.double(), x.double(), stage="05"), "float64", "CPU float64")
-    _refused(lambda: attention(x, x.half(), x, stage="05"), "different dtypes", "mixed dtypes")
-    _refused(lambda: attention(x[0], x[0], x[0], stage="05"), "[batch, heads, seq, head_dim]", "rank 3")
-    _refused(lambda: attention(x, x[:, :1], x, stage="05"), "kv_heads", "k and v of different shapes")
-    _refused(lambda: attention(x, x[..., :8], x[..., :8], stage="05"), "kv_heads", "k of another head dim")
-    _refused(lambda: attention(x[:, :1].expand(1, 3, 4, 16), x, x, stage="05"), "heads = 3",
+    refused(lambda: attention(x.double(), x.double(), x.double(), stage="05"), "float64", "CPU float64")
+    refused(lambda: attention(x, x.half(), x, stage="05"), "different dtypes", "mixed dtypes")
+    refused(lambda: attention(x[0], x[0], x[0], stage="05"), "[batch, heads, seq, head_dim]", "rank 3")
+    refused(lambda: attention(x, x[:, :1], x, stage="05"), "kv_heads", "k and v of different shapes")
+    refused(lambda: attention(x, x[..., :8], x[..., :8], stage="05"), "kv_heads", "k of another head dim")
+    refused(lambda: attention(x[:, :1].expand(1, 3, 4, 16), x, x, stage="05"), "heads = 3",
              "heads=3 over kv_heads=2")
-    _refused(lambda: attention(x, x, x, stage="99"), "is not a stage", "unknown stage")
+    refused(lambda: attention(x, x, x, stage="99"), "is not a stage", "unknown stage")
     o, lse = torch.ops.fa_attention.forward(x, x, x, False, 0.0, "05")
-    _refused(lambda: torch.ops.fa_attention.backward(x, x, x, o, lse[..., :2], x, False, 0.0, "06"), "L",
+    refused(lambda: torch.ops.fa_attention.backward(x, x, x, o, lse[..., :2], x, False, 0.0, "06"), "L",
              "backward with L of the wrong shape")
-    _refused(lambda: torch.ops.fa_attention.backward(x, x, x, o, lse.half(), x, False, 0.0, "06"), "float32",
+    refused(lambda: torch.ops.fa_attention.backward(x, x, x, o, lse.half(), x, False, 0.0, "06"), "float32",
              "backward with L not float32")
 
 
@@ -304,7 +288,7 @@ def test_other_gpu():
     """Tensors on a GPU other than the current one run there (the op switches device)."""
     _skip_gpu()
     if torch.cuda.device_count() < 2:
-        raise _Skipped("one GPU")
+        skip("one GPU")
     x = torch.randn(1, 2, 40, 64, device="cuda:1", dtype=torch.float16)
     with torch.cuda.device(0):
         got = attention(x, x, x, stage="09")
@@ -319,7 +303,7 @@ def test_head_dim_256_gpu():
     stage 12's ring, which runs 10 and 11 on its ranks) against torch in float64."""
     _skip_gpu()
     if torch.cuda.get_device_capability()[0] != 9:
-        raise _Skipped("d = 256 has a backward on Hopper only (stages 11 and 12's Hopper set)")
+        skip("d = 256 has a backward on Hopper only (stages 11 and 12's Hopper set)")
     for stage in ("11", "12_ring_attention_gpu"):
         for causal in (False, True):
             check_stage(stage, "cuda", torch.bfloat16, causal, shape=(1, 4, 2, 130, 200, 256))
@@ -328,37 +312,23 @@ def test_head_dim_256_gpu():
 def test_refusals_gpu():
     _skip_gpu()
     x = torch.zeros(1, 2, 4, 64, device="cuda", dtype=torch.float16)
-    _refused(lambda: attention(x.double(), x.double(), x.double()), "float64", "CUDA float64")
-    _refused(lambda: attention(x, x.bfloat16(), x), "different dtypes", "CUDA mixed dtypes")
-    _refused(lambda: attention(x[:, :1].expand(1, 3, 4, 64).contiguous(), x, x, stage="09"), "heads = 3",
+    refused(lambda: attention(x.double(), x.double(), x.double()), "float64", "CUDA float64")
+    refused(lambda: attention(x, x.bfloat16(), x), "different dtypes", "CUDA mixed dtypes")
+    refused(lambda: attention(x[:, :1].expand(1, 3, 4, 64).contiguous(), x, x, stage="09"), "heads = 3",
              "CUDA heads=3 over kv_heads=2")
     xf = x.float()
-    _refused(lambda: attention(xf, xf, xf, stage="05"), "not a GPU stage", "CUDA tensors on a CPU stage")
+    refused(lambda: attention(xf, xf, xf, stage="05"), "not a GPU stage", "CUDA tensors on a CPU stage")
     y = torch.zeros(1, 2, 4, 65, device="cuda", dtype=torch.float16)
-    _refused(lambda: attention(y, y, y), "65", "head_dim 65 on stage 08")
-    _refused(lambda: attention(x, x.cpu(), x), "different devices", "mixed devices")
+    refused(lambda: attention(y, y, y), "65", "head_dim 65 on stage 08")
+    refused(lambda: attention(x, x.cpu(), x), "different devices", "mixed devices")
     q = x.clone().requires_grad_()
-    _refused(lambda: attention(q, x, x, stage="08").sum().backward(), "has no GPU backward",
+    refused(lambda: attention(q, x, x, stage="08").sum().backward(), "has no GPU backward",
              "gradients through stage 08 (forward only; stage 09 is its forward with a backward)")
 
 
 def main():
-    if torch is None:
-        print("skipped: torch is not installed (the GPU script runs these tests where it is)")
-        return 77
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    failed, skipped = [], []
-    for name, fn in tests:
-        try:
-            fn()
-        except _Skipped as e:
-            skipped.append(name)
-            print(f"skip {name}: {e}")
-        except Exception as e:  # noqa: BLE001 (report every test's failure, then fail)
-            failed.append(name)
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - len(failed) - len(skipped)} passed, {len(skipped)} skipped, {len(failed)} failed")
-    return 1 if failed else 0
+    return run_tests(globals(), torch is not None,
+                     "skipped: torch is not installed (the GPU script runs these tests where it is)")
 
 
 if __name__ == "__main__":
