@@ -33,21 +33,7 @@ const fa::StageInfo& stage_named(const char* name) {
   return fa::find_stage(name);
 }
 
-fa::Problem to_problem(const fa::StageInfo& s, const fa_problem* p) {
-  require(p != nullptr, s.name + ": problem pointer is NULL");
-  fa::Problem q;
-  q.batch = p->batch;
-  q.heads = p->heads;
-  q.kv_heads = p->kv_heads;
-  q.seq_q = p->seq_q;
-  q.seq_k = p->seq_k;
-  q.head_dim = p->head_dim;
-  if (p->causal != 0 && p->causal != 1)
-    throw std::invalid_argument(s.name + ": causal = " + std::to_string(p->causal) + " is not 0 or 1");
-  q.causal = p->causal == 1;
-  q.scale = p->scale;
-  return q;
-}
+fa::Problem to_problem(const fa::StageInfo& s, const fa_problem* p) { return fa::c_abi::problem_of(p, s.name); }
 
 // The caller's dtype is read as the int it was passed as, before it becomes an enum: a
 // value outside the enum (−1, 7) must not be loaded as a fa_dtype (undefined behaviour).

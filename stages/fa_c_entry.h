@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fa_c.h"
+#include "problem.h"
 
 namespace fa::c_abi {
 
@@ -17,6 +18,23 @@ std::string& last_error_of_this_thread();
 /// Refuses (std::invalid_argument) with `what` unless `ok`.
 inline void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
+}
+
+/// The C problem as a Problem, for a call of `who`: a NULL pointer and a `causal` that is not
+/// 0 or 1 are refused here; the sizes are for Problem::validate (or the stage) to judge.
+inline fa::Problem problem_of(const fa_problem* p, const std::string& who) {
+  require(p != nullptr, who + ": problem pointer is NULL");
+  require(p->causal == 0 || p->causal == 1, who + ": causal = " + std::to_string(p->causal) + " is not 0 or 1");
+  fa::Problem q;
+  q.batch = p->batch;
+  q.heads = p->heads;
+  q.kv_heads = p->kv_heads;
+  q.seq_q = p->seq_q;
+  q.seq_k = p->seq_k;
+  q.head_dim = p->head_dim;
+  q.causal = p->causal == 1;
+  q.scale = p->scale;
+  return q;
 }
 
 /// Runs an entry's body: FA_OK and an empty message, or the error code of what it threw

@@ -25,20 +25,8 @@ constexpr const char* kMaskedStage = fa::stage13::kStageName;
 
 // The problem of a stage-13 call, checked by Problem's own rule.
 fa::Problem to_masked_problem(const fa_problem* p) {
-  require(p != nullptr, std::string(kMaskedStage) + ": problem pointer is NULL");
-  const std::string who = kMaskedStage;
-  if (p->causal != 0 && p->causal != 1)
-    throw std::invalid_argument(who + ": causal = " + std::to_string(p->causal) + " is not 0 or 1");
-  fa::Problem q;
-  q.batch = p->batch;
-  q.heads = p->heads;
-  q.kv_heads = p->kv_heads;
-  q.seq_q = p->seq_q;
-  q.seq_k = p->seq_k;
-  q.head_dim = p->head_dim;
-  q.causal = p->causal == 1;
-  q.scale = p->scale;
-  q.validate(who);
+  const fa::Problem q = fa::c_abi::problem_of(p, kMaskedStage);
+  q.validate(kMaskedStage);
   return q;
 }
 
