@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "bwd_schedule.h"
-#include "dq_layout.h"
+#include "hopper/dq_layout.h"
 #include "problem.h"
 #include "stage_checks.h"
 #include "stage_list.h"

@@ -33,7 +33,7 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
-#include "dq_layout.h"
+#include "hopper/dq_staging.cuh"
 #include "hopper/wgmma.cuh"
 #include "hopper_bwd_steps.h"
 #include "step_table.cuh"
@@ -41,39 +41,6 @@
 namespace fa::stage11 {
 
 using S11d = Specialized;
-
-/// The writer (one thread): every step's two dQ blocks from the staging area into dQ_accum.
-template <int d, class Shared>
-__device__ inline void write_dq(const Shared& sm, const BwdParams& p, const BlockWork& work) {
-  constexpr int B_r = BwdTile<d>::kBlockM;
-  for (int n = 0; n < work.steps; ++n) {
-    const int64_t row0 = int64_t(work.tile(n)) * B_r;
-    float* head = p.dQ_accum + int64_t(work.bh(n)) * p.n_q_pad * d;
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_wait(&sm.dq_full[c], n & 1);
-      // Consumer c's block: rows 64c … of dQ_i at d = 64, columns 64c … at d = 128.
-      float* block = head + (d == 64 ? blocked_offset(row0 + 64 * c, 0, d) : blocked_offset(row0, 64 * c, d));
-      bulk_reduce_add_f32(block, sm.staging_block(c), 64 * 64 * 4);
-    }
-    bulk_commit();
-    bulk_wait_read<0>();  // both blocks read: the consumers may refill the staging area
-    mbarrier_arrive(sm.dq_empty);
-  }
-  bulk_wait<0>();  // every addition has reached global memory
-}
-
-/// A consumer's [64, 64] dQ block (fp32 fragments) → its staging buffer, in the block
-/// layout of dq_layout.h.
-template <class Shared>
-__device__ inline void stage_dq(const float (&dq)[32], const Shared& sm, int c) {
-  float* block = sm.staging_block(c);
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(block + offset_in_block(fragment_row(r), fragment_col(j, 0))) =
-          make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-}
 
 /// kWithDq = false (the deterministic mode): dK_j and dV_j only; dQ comes from dq_pass.cu.
 template <int d, class Elem, bool kCausal, bool kWithDq = true>
@@ -90,7 +57,11 @@ __global__ void __launch_bounds__(S11d::kThreads, 1) bwd_11d(const __grid_consta
   if (warpgroup == 0) {  // ---- producer (warp 0) and dQ writer (warp 1) ----
     setmaxnreg_dec<S11d::kProducerRegisters>();
     if (threadIdx.x == 0) S11d::produce(sm, p, work);
-    if (kWithDq && threadIdx.x == 32) write_dq<d>(sm, p, work);
+    if (kWithDq && threadIdx.x == 32)  // step n's blocks: query tile work.tile(n) of head work.bh(n)
+      write_dq<d>(sm, work.steps, [&](int n) {
+        const int64_t row0 = int64_t(work.tile(n)) * B_r;
+        return DqTile{p.dQ_accum + int64_t(work.bh(n)) * p.n_q_pad * d, row0};
+      });
     return;
   }
   // ---- consumer c: keys [64c, 64c + 64) of the tile ----

@@ -37,7 +37,7 @@
 
 #include "bwd_math.cuh"
 #include "bwd_pipeline.cuh"
-#include "dq_layout.h"
+#include "hopper/dq_layout.h"
 #include "hopper/wgmma.cuh"
 #include "hopper_bwd_steps.h"
 #include "step_table.cuh"

@@ -11,7 +11,7 @@
 #include "bwd_traits.h"
 #include "cuda_utils.h"
 #include "dispatch.cuh"
-#include "dq_layout.h"
+#include "hopper/dq_layout.h"
 #include "hopper/tile_math.cuh"
 #include "prep.h"
 

@@ -5,6 +5,8 @@
 //   kv_full        K_j and V_j landed (TMA, once per block)
 //   full[s]        buffer s holds step n's Q_i, dO_i, L2_i, D_i (TMA + two bulk copies)
 //   empty[s]       every consumer thread is done with buffer s (one arrival per thread)
+//   dq_full[c]     consumer c's dQ block is staged (128 arrivals; hopper/dq_staging.cuh)
+//   dq_empty       the writer has read the step's two staged blocks (1 arrival)
 // Step n uses buffer n % kStages with the phase of PipelineState<kStages>::at(n).
 #pragma once
 
@@ -25,8 +27,9 @@ using stage10::tile_bytes;
 /// Stage 11's tiles: a block owns B_c = 128 keys, 64 per consumer warpgroup, and streams the
 /// query tiles past them B_r rows at a time, B_r chosen so that each consumer's share of dQ_i
 /// is one [64, 64] block (at d = 128 the two split dQ_i [64, 128] by columns, at d = 64 they
-/// split dQ_i [128, 64] by rows). Warpgroup 0 is the producer (one thread issues every copy).
-/// Registers: the producer drops to 24, the consumers rise to 240.
+/// split dQ_i [128, 64] by rows). Warpgroup 0 is the producer: one thread of its warp 0
+/// issues every load, one of its warp 1 (the writer) adds the staged dQ blocks to dQ_accum.
+/// Registers: the producer warpgroup drops to 24, the consumers rise to 240.
 template <int d>
 struct BwdRoles {
   static_assert(d == 64 || d == 128, "the backward is built for d = 64 and 128");
@@ -84,7 +87,8 @@ __device__ inline BwdWork bwd_work(const MaskedBwdParams& p) {
   return w;
 }
 
-/// Byte offsets in the block's dynamic shared memory (base 1024-aligned): stage 11's plan.
+/// Byte offsets in the block's dynamic shared memory (base 1024-aligned): stage 11d's plan
+/// (160 KB of tiles at d = 128, and 32 KB of dQ staging, a [64, 64] fp32 block per consumer).
 template <int d>
 struct BwdPlan {
   using R = BwdRoles<d>;
@@ -96,8 +100,9 @@ struct BwdPlan {
   static constexpr uint32_t ds = dO + kStages * tile_bytes(B_r, d);       // dSᵀ [2][B_r/64][B_c][64]
   static constexpr uint32_t l2 = ds + 2 * tile_bytes(B_c, B_r);           // L2_i [kStages][B_r] fp32
   static constexpr uint32_t dd = l2 + kStages * B_r * 4;                  // D_i, like L2
-  static constexpr uint32_t barriers = dd + kStages * B_r * 4;            // kv_full, full[S], empty[S]
-  static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages);
+  static constexpr uint32_t staging = dd + kStages * B_r * 4;             // dQ blocks [2][64][64] fp32
+  static constexpr uint32_t barriers = staging + 2 * 64 * 64 * 4;         // kv_full, full[S], empty[S], dq_full[2], dq_empty
+  static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + 3);
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
   /// Bytes that land in full[s] per step: Q_i, dO_i, L2_i, D_i.
@@ -110,8 +115,8 @@ struct BwdShared {
   using Plan = BwdPlan<d>;
   static constexpr int B_c = R::kBlockN, B_r = R::kBlockM, kStages = R::kStages;
   Elem *k, *v, *q, *dO, *ds;
-  float *l2, *dd;
-  uint64_t *kv_full, *full, *empty;
+  float *l2, *dd, *staging;
+  uint64_t *kv_full, *full, *empty, *dq_full, *dq_empty;
 
   __device__ explicit BwdShared(unsigned char* raw) {
     // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte-aligned tiles.
@@ -123,10 +128,15 @@ struct BwdShared {
     ds = reinterpret_cast<Elem*>(base + Plan::ds);
     l2 = reinterpret_cast<float*>(base + Plan::l2);
     dd = reinterpret_cast<float*>(base + Plan::dd);
+    staging = reinterpret_cast<float*>(base + Plan::staging);
     kv_full = reinterpret_cast<uint64_t*>(base + Plan::barriers);
     full = kv_full + 1;
     empty = full + kStages;
+    dq_full = empty + kStages;
+    dq_empty = dq_full + 2;
   }
+  /// Consumer c's dQ block [64, 64] in the staging area (the layout of hopper/dq_layout.h).
+  __device__ float* staging_block(int c) const { return staging + c * 64 * 64; }
   __device__ Elem* q_stage(int s) const { return q + s * B_r * d; }
   __device__ Elem* do_stage(int s) const { return dO + s * B_r * d; }
   __device__ Elem* ds_buffer(int b) const { return ds + b * B_c * B_r; }
@@ -140,6 +150,9 @@ struct BwdShared {
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 256);  // the consumers' threads
     }
+    mbarrier_init(&dq_full[0], 128);  // a consumer's threads
+    mbarrier_init(&dq_full[1], 128);
+    mbarrier_init(dq_empty, 1);       // the writer
     fence_barrier_init();
   }
 

@@ -41,6 +41,7 @@
 
 #include "cuda_utils.h"
 #include "dispatch.cuh"
+#include "hopper/dq_staging.cuh"
 #include "hopper/tile_math.cuh"
 #include "hopper/wgmma.cuh"
 #include "masked_bwd_pipeline.cuh"
@@ -132,14 +133,16 @@ __global__ void masked_prep_kernel(const MaskedBwdParams p) {
 //! [backward prep]
 
 /// dQ = scale·dQ_accum for every packed row (rows no block reached have 0 there): 8
-/// elements per thread.
+/// elements per thread. dQ_accum is in [64, 64] blocks (hopper/dq_layout.h), the rows
+/// counted in the padded scratch; a group of 8 columns stays contiguous there.
 template <class Elem, int d>
 __global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
   const int64_t total = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < total; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = c / (d / 8), bh = row / p.seq_q;
     const int i = int(row % p.seq_q), doc = document_of_row(p, i), col = 8 * int(c % (d / 8));
-    const float* src = p.dQ_accum + (bh * p.n_pad + p.pad_first[doc] + (i - p.cu_q[doc])) * d + col;
+    const int64_t padded = p.pad_first[doc] + (i - p.cu_q[doc]);
+    const float* src = p.dQ_accum + bh * p.n_pad * d + stage11::blocked_offset(padded, col, d);
     const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
     const float s = p.scale;
     const uint4 out = make_uint4(pack2<Elem>(s * a.x, s * a.y), pack2<Elem>(s * a.z, s * a.w),
@@ -148,25 +151,61 @@ __global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
   }
 }
 
-/// What one step's elementwise math needs to know about the step.
+/// What a step's elementwise math needs besides the fragments.
 struct StepScore {
-  bool masked;      ///< apply keep() (a partial pair, or a query tile past the document's end)
-  bool modified;    ///< soft-cap or ALiBi: P from the modified logit
-  float cap, inv_cap, slope;
-  int key0, query0; ///< this warpgroup's first key and the tile's first query, in the document
+  float cap, inv_cap, slope;  ///< soft-cap (0: off) and 1/cap, the head's ALiBi slope (0: off); kModified only
+  int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
 
-//! [backward elementwise]
-/// In place, on one warpgroup's fragments of Sᵀ and dPᵀ ([64 keys, B_r queries]: element
-/// 4j + 2r + e is key fragment_row(r), query fragment_col(j, e)): Sᵀ becomes Pᵀ and dPᵀ
-/// becomes dSᵀ, the gradient with respect to x = scale·s:
-///   x' = f(x) (soft-cap, ALiBi), P = 2^{x'·log2 e − L2} (unmodified: 2^{s·scale_log2 − L2}),
-///   P = 0 where the row does not see the key, dS = P·(dP − D)·f'(x).
-/// L2 and D are column values here, read from the step's statistics in shared memory.
+/// Whether query row `query` of the document sees key `key` (a row past the document's end
+/// is the next document's, and sees none of these keys).
+__device__ inline bool visible(const DocumentMask& doc, int query, int key) {
+  return query < doc.n_q && doc.keep(query, key);
+}
+
+/// The plain score, in place, on one warpgroup's fragment of Sᵀ ([64 keys, B_r queries]:
+/// element 4j + 2r + e is key fragment_row(r), query fragment_col(j, e)): Sᵀ becomes
+/// Pᵀ = 2^{s·scale_log2 − L2}, and with kMasked 0 where the row does not see the key. L2 is
+/// a column value here, read from the step's statistics in shared memory.
+template <int B_r, bool kMasked>
+__device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const StepScore& sc,
+                                     const DocumentMask& doc, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x_at = 4 * j + 2 * r + e;
+        const float prob = fast_exp2(fmaf(s[x_at], scale_log2, -(e == 0 ? l.x : l.y)));
+        s[x_at] = kMasked && !visible(doc, sc.query0 + fragment_col(j, e), sc.key0 + fragment_row(r)) ? 0.f : prob;
+      }
+  }
+}
+
+/// dPᵀ becomes dSᵀ = Pᵀ∘(dPᵀ − D), D a column value (the plain score: f' = 1).
 template <int B_r>
-__device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
-                                            const float* dd, const StepScore& sc, const DocumentMask& doc,
-                                            float scale, float scale_log2) {
+__device__ inline void ds_from_dp(const float (&p)[B_r / 2], float (&dp)[B_r / 2], const float* dd) {
+#pragma unroll
+  for (int j = 0; j < B_r / 8; ++j) {
+    const float2 dv = *reinterpret_cast<const float2*>(dd + fragment_col(j, 0));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dp[4 * j + k] = p[4 * j + k] * (dp[4 * j + k] - (k % 2 == 0 ? dv.x : dv.y));
+  }
+}
+
+//! [backward elementwise]
+/// The modified score, in place on the fragments of Sᵀ and dPᵀ (laid out as in
+/// probabilities): Sᵀ becomes Pᵀ and dPᵀ becomes dSᵀ, the gradient with respect to x = scale·s:
+///   x' = f(x) (soft-cap, ALiBi), P = 2^{x'·log2 e − L2}, P = 0 where the row does not see
+///   the key (a masked step), dS = P·(dP − D)·f'(x).
+/// f'(x) is known only here, so P and dS are made together, after both products. (`masked`
+/// as a template argument, as in probabilities, made two copies that spilled registers.)
+template <int B_r>
+__device__ inline void modified_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
+                                                     const float* dd, const StepScore& sc, const DocumentMask& doc,
+                                                     float scale, bool masked) {
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j) {
     const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
@@ -177,20 +216,15 @@ __device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r
       for (int e = 0; e < 2; ++e) {
         const int x_at = 4 * j + 2 * r + e;
         const int key = sc.key0 + fragment_row(r), query = sc.query0 + fragment_col(j, e);
-        float prob, slope_of_f = 1.f;  // slope_of_f: f'(x)
-        if (sc.modified) {
-          float x = s[x_at] * scale;
-          if (sc.cap > 0.f) {
-            const float t = tanhf(x * sc.inv_cap);
-            x = sc.cap * t;
-            slope_of_f = 1.f - t * t;
-          }
-          x += sc.slope * float(key - doc.diagonal(query));
-          prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
-        } else {
-          prob = fast_exp2(fmaf(s[x_at], scale_log2, -(e == 0 ? l.x : l.y)));
+        float x = s[x_at] * scale, slope_of_f = 1.f;  // slope_of_f: f'(x)
+        if (sc.cap > 0.f) {
+          const float t = tanhf(x * sc.inv_cap);
+          x = sc.cap * t;
+          slope_of_f = 1.f - t * t;
         }
-        if (sc.masked && (query >= doc.n_q || !doc.keep(query, key))) prob = 0.f;
+        x += sc.slope * float(key - doc.diagonal(query));
+        float prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
+        if (masked && !visible(doc, query, key)) prob = 0.f;
         s[x_at] = prob;
         dp[x_at] = prob * (dp[x_at] - (e == 0 ? dv.x : dv.y)) * slope_of_f;
       }
@@ -246,7 +280,9 @@ __device__ inline void write_key_rows(const float (&acc)[d / 2], float mul, void
   }
 }
 
-template <int d, class Elem>
+/// kModified: soft-cap or ALiBi (their values are run-time, uniform over the grid); without,
+/// the plain score of stage 11, its exponentials under the dPᵀ product.
+template <int d, class Elem, bool kModified>
 __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __grid_constant__ MaskedBwdParams p) {
   using R = BwdRoles<d>;
   constexpr int B_c = R::kBlockN, B_r = R::kBlockM, kStages = R::kStages;
@@ -258,9 +294,15 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  if (warpgroup == 0) {  // ---- producer ----
+  if (warpgroup == 0) {  // ---- producer (warp 0) and dQ writer (warp 1) ----
     setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) sm.produce(p, work);
+    if (threadIdx.x == 32) {  // step n's blocks: query tile work.tile(n) of head work.bh(n), in the document's rows
+      const int64_t doc_row0 = p.pad_first[work.doc];
+      stage11::write_dq<d>(sm, work.steps, [&](int n) {
+        return stage11::DqTile{p.dQ_accum + int64_t(work.bh(n)) * p.n_pad * d, doc_row0 + work.tile(n) * B_r};
+      });
+    }
     return;
   }
   // ---- consumer c: keys [64c, 64c + 64) of the tile ----
@@ -272,37 +314,51 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   const Elem* v_rows = sm.v + 64 * c * 64;
   // This warpgroup's [64, 64] block of dQ_i: column block c at d = 128, row block c at d = 64.
   const int dq_rows = d == 64 ? c : 0, dq_cols = d == 64 ? 0 : c;
-  const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr;
+  StepScore sc{};
+  sc.key0 = key0;
+  if constexpr (kModified) {
+    sc.cap = p.softcap;
+    sc.inv_cap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
+  }
 
   float dv[d / 2] = {}, dk[d / 2] = {};  // dV_c, dK_c: [64 keys, d]
   mbarrier_wait(sm.kv_full, 0);
   for (int n = 0; n < work.steps; ++n) {
-    const int s = n % kStages, i = work.tile(n), bh = work.bh(n), query0 = i * B_r;
+    const int s = n % kStages, i = work.tile(n), query0 = i * B_r;
     Elem* ds = sm.ds_buffer(n % 2);
     mbarrier_wait(&sm.full[s], PipelineState<kStages>::at(n).phase);
 
     float st[B_r / 2], dpt[B_r / 2];  // Sᵀ, dPᵀ: [64 keys, B_r queries]
     wgmma_fence();
     gemm_qk<d, B_r>(st, k_rows, B_c, sm.q_stage(s));
+    wgmma_commit();
     gemm_qk<d, B_r>(dpt, v_rows, B_c, sm.do_stage(s));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(st);
-    fence_registers(dpt);
-
     //! [backward asks the mask]
-    StepScore sc;
-    sc.masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full || query0 + B_r > doc.n_q;
-    sc.modified = modified;
-    sc.cap = p.softcap;
-    sc.inv_cap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
-    sc.slope = p.alibi_slopes ? p.alibi_slopes[bh % p.heads] : 0.f;
-    sc.key0 = key0;
+    // Masked: a partial pair, or a query tile that runs past the document's end.
+    const bool masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full || query0 + B_r > doc.n_q;
+    //! [backward asks the mask]
     sc.query0 = query0;
-    probabilities_and_ds<B_r>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), sc, doc, p.scale, p.scale_log2);
-    //! [backward asks the mask]
     uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ and dSᵀ as A fragments
-    stage10::pack_p<B_r, Elem>(st, p_frag);
+    if constexpr (kModified) {
+      sc.slope = p.alibi_slopes ? p.alibi_slopes[work.bh(n) % p.heads] : 0.f;
+      wgmma_wait<0>();
+      fence_registers(st);
+      fence_registers(dpt);
+      modified_probabilities_and_ds<B_r>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), sc, doc, p.scale, masked);
+      stage10::pack_p<B_r, Elem>(st, p_frag);
+    } else {
+      wgmma_wait<1>();  // Sᵀ is done; dPᵀ may still run
+      fence_registers(st);
+      if (masked)
+        probabilities<B_r, true>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
+      else
+        probabilities<B_r, false>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
+      stage10::pack_p<B_r, Elem>(st, p_frag);
+      wgmma_wait<0>();
+      fence_registers(dpt);
+      ds_from_dp<B_r>(st, dpt, sm.dd_stage(s));
+    }
     stage10::pack_p<B_r, Elem>(dpt, ds_frag);
 
     store_ds<B_c, B_r>(dpt, ds, 64 * c);
@@ -317,15 +373,11 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     wgmma_commit();
     wgmma_wait<1>();  // dQ is done; dV and dK may still run
     fence_registers(dq);
-    // Into the padded scratch: the rows of this query tile are the document's (rows past its
-    // end are padding or add exactly 0, their P being 0).
-    float* dq_rows_at = p.dQ_accum +
-                        (int64_t(bh) * p.n_pad + p.pad_first[work.doc] + query0 + 64 * dq_rows) * d + 64 * dq_cols;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        red_add_f32x2(dq_rows_at + fragment_row(r) * d + fragment_col(j, 0), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    // The handover to the writer (rows past the document's end add exactly 0: their P is 0).
+    mbarrier_wait(sm.dq_empty, (n & 1) ^ 1);  // the writer has read step n − 1's blocks
+    stage11::stage_dq(dq, sm, c);
+    fence_proxy_async_smem();  // the copy engine reads what these generic stores wrote
+    mbarrier_arrive(&sm.dq_full[c]);
     wgmma_wait<0>();
     fence_registers(dv);
     fence_registers(dk);
@@ -337,11 +389,12 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   write_key_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
 }
 
-StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype) {
+StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool modified) {
   return instantiate_step<64, 128>("13_masks", "hopper backward", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return make_step_kernel(masked_bwd<D, Elem>, Threads{BwdRoles<D>::kThreads}, BlockRows{BwdRoles<D>::kBlockM},
+    return make_step_kernel(modified, masked_bwd<D, Elem, true>, masked_bwd<D, Elem, false>,
+                            Threads{BwdRoles<D>::kThreads}, BlockRows{BwdRoles<D>::kBlockM},
                             BlockCols{BwdRoles<D>::kBlockN}, SmemBytes{BwdPlan<D>::bytes_to_allocate});
   });
 }

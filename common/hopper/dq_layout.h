@@ -1,8 +1,8 @@
 /// \file dq_layout.h
 /// \brief Where dQ_accum keeps element (row, column) of a head: row-major for steps 11a–11c
-/// (each thread adds its own values with atomics), in [64, 64] blocks for step 11d (the copy
-/// engine adds a whole block with one bulk reduction, which needs it contiguous). Plain
-/// integer math shared by the kernels (device and host).
+/// (each thread adds its own values with atomics), in [64, 64] blocks for step 11d and stage
+/// 13's backward (the copy engine adds a whole block with one bulk reduction, which needs it
+/// contiguous). Plain integer math shared by the kernels (device and host).
 ///
 /// Inside a block, row r keeps its 8 groups of 8 columns in the order g ^ (r % 8): a warp's
 /// stores of a fragment (8 rows, the same 8 columns each) then fall in 8 different 32-byte
