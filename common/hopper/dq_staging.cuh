@@ -38,7 +38,8 @@ __device__ inline void write_dq(const Shared& sm, int steps, TileOf tile_of) {
     for (int c = 0; c < 2; ++c) {
       hopper::mbarrier_wait(&sm.dq_full[c], n & 1);
       // Consumer c's block: rows 64c … of dQ_i at d = 64, columns 64c … at d = 128.
-      float* block = tile.head + (d == 64 ? blocked_offset(tile.row0 + 64 * c, 0, d) : blocked_offset(tile.row0, 64 * c, d));
+      float* block =
+          tile.head + (d == 64 ? blocked_offset(tile.row0 + 64 * c, 0, d) : blocked_offset(tile.row0, 64 * c, d));
       hopper::bulk_reduce_add_f32(block, sm.staging_block(c), 64 * 64 * 4);
     }
     hopper::bulk_commit();

@@ -101,7 +101,8 @@ struct BwdPlan {
   static constexpr uint32_t l2 = ds + 2 * tile_bytes(B_c, B_r);           // L2_i [kStages][B_r] fp32
   static constexpr uint32_t dd = l2 + kStages * B_r * 4;                  // D_i, like L2
   static constexpr uint32_t staging = dd + kStages * B_r * 4;             // dQ blocks [2][64][64] fp32
-  static constexpr uint32_t barriers = staging + 2 * 64 * 64 * 4;         // kv_full, full[S], empty[S], dq_full[2], dq_empty
+  // kv_full, full[S], empty[S], dq_full[2], dq_empty
+  static constexpr uint32_t barriers = staging + 2 * 64 * 64 * 4;
   static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + 3);
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base

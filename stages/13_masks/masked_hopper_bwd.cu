@@ -1,8 +1,9 @@
-// Stage 13 on Hopper — the backward under masks and score modifiers, on stage 11's design:
-// one block per (key tile of B_c = 128 keys, kv head, batch), a producer warp streaming the
-// query tiles Q_i, dO_i (TMA) and their statistics L2_i, D_i (bulk copies) past the block's
-// K_j, V_j, and two consumer warpgroups of 64 keys each computing Sᵀ and dPᵀ by wgmma, Pᵀ
-// and dSᵀ on register fragments for dV and dK, and dQ_i = dS·K_j from dSᵀ in shared memory.
+// Stage 13 on Hopper — the backward under masks and score modifiers, on stage 11's final
+// design (step 11d): one block per (key tile of B_c = 128 keys, kv head, batch), a producer
+// warp streaming the query tiles Q_i, dO_i (TMA) and their statistics L2_i, D_i (bulk copies)
+// past the block's K_j, V_j, a writer warp adding dQ, and two consumer warpgroups of 64 keys
+// each computing Sᵀ and dPᵀ by wgmma, Pᵀ and dSᵀ on register fragments for dV and dK, and
+// dQ_i = dS·K_j from dSᵀ in shared memory.
 //
 // What changed from stage 11, and why:
 //  - the mask. Key tiles are counted per document (the grid's x runs over the key tiles of
@@ -16,20 +17,27 @@
 //      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
 //    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
 //      dS = P∘(dP − D)∘f'     (the gradient with respect to x; dK, dQ take the scale as in stage 11)
-//    The score is a uniform run-time choice here (the forward's functors are compile-time):
-//    one kernel per head dim and dtype.
+//    Whether the score is modified is a template argument (kModified): without, P is stage
+//    11's, its exponentials computed while dPᵀ is still in the tensor cores; with, cap and
+//    slope are run-time values (uniform branches) and P and dS are made together after both
+//    products, f'(x) being known only while P is. Two kernels per head dim and dtype.
 //  - sinks. L already holds the sink (the forward's epilogue), so P is right as it stands;
 //    dσ_h = −Σ_rows e^{σ_h − L_i}·D_i is summed by the preprocess kernel, which has D_i.
 //  - the scratch (L2, D, dQ_accum) is padded per document (kDocumentPad rows), so a query
-//    tile of a document is one aligned run: the statistics arrive by bulk copies as in
-//    stage 11, and dQ is added by red.global.add (stage 11's step 11c) into the padded rows.
+//    tile of a document is one aligned run: the statistics arrive by bulk copies, and a
+//    consumer's [64, 64] block of dQ_i is one 16 KB run of dQ_accum in 11d's blocked layout
+//    (hopper/dq_layout.h), which the writer adds with one bulk reduction as in 11d
+//    (hopper/dq_staging.cuh, shared with stage 11).
 //
-//   producer (thread 0): K_j, V_j;  for n in steps: wait empty;  Q_i, dO_i, L2_i, D_i → full
+//   producer warp 0 (1 thread): K_j, V_j;  for n in steps: wait empty;  Q_i, dO_i, L2_i, D_i → full
+//   writer warp 1 (1 thread), for n in steps: for c = 0, 1: wait dq_full[c];  bulk reduce-add of
+//     block c into the document's rows of dQ_accum;  wait until read;  arrive dq_empty
 //   consumer c (keys [64c, 64c + 64) of the tile), for n in steps:
 //     wait full;  Sᵀ = K_c·Q_iᵀ, dPᵀ = V_c·dO_iᵀ (wgmma, both in flight)
 //     Pᵀ, dSᵀ on fragments (score, mask, derivative);  dSᵀ → shared memory;  both consumers sync
 //     dQ block = dS·K_j (wgmma);  dV += Pᵀ·dO_i, dK += dSᵀ·Q_i (wgmma, register A)
-//     dQ block → dQ_accum (red.add) while dV, dK run;  release the buffer
+//     wait dq_empty;  dQ block → staging;  arrive dq_full[c]   ← dV, dK still running
+//     release the buffer
 //   epilogue: dV, scale·dK, the rows of the document only
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -201,7 +209,8 @@ __device__ inline void ds_from_dp(const float (&p)[B_r / 2], float (&dp)[B_r / 2
 ///   x' = f(x) (soft-cap, ALiBi), P = 2^{x'·log2 e − L2}, P = 0 where the row does not see
 ///   the key (a masked step), dS = P·(dP − D)·f'(x).
 /// f'(x) is known only here, so P and dS are made together, after both products. (`masked`
-/// as a template argument, as in probabilities, made two copies that spilled registers.)
+/// as a template argument, as in probabilities, made two copies of this loop, and the kernel
+/// spilled: 48 bytes per thread at d = 128, 152 at d = 64.)
 template <int B_r>
 __device__ inline void modified_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
                                                      const float* dd, const StepScore& sc, const DocumentMask& doc,
