@@ -1,7 +1,8 @@
 /// \file bwd_math.cuh
 /// \brief The backward's tile math on wgmma fragments, shared by the steps: Pᵀ and dSᵀ
-/// from Sᵀ and dPᵀ, dSᵀ into shared memory, the dQ product and its reduction into global
-/// memory, and the dK/dV epilogue.
+/// from Sᵀ and dPᵀ, the dQ reduction into global memory (11a–11c), and the dK/dV epilogue.
+/// dSᵀ into shared memory and the dQ product that reads it are in hopper/ds_tile.cuh
+/// (stage 13's backward shares them).
 ///
 /// A consumer warpgroup owns 64 keys of the block's tile; its accumulators of Sᵀ and dPᵀ
 /// are [64 keys, B_r queries] with the fragment layout of wgmma.cuh: this thread holds rows
@@ -17,6 +18,7 @@
 #include <cstdint>
 
 #include "bwd_traits.h"
+#include "hopper/ds_tile.cuh"
 #include "hopper/ptx.cuh"
 #include "hopper/tile_math.cuh"
 #include "hopper/wgmma.cuh"
@@ -82,43 +84,6 @@ __device__ inline void probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r
   probabilities<B_r, kMask, kCausal>(s, l2, key0, query0, p);
   ds_from_dp<B_r>(s, dp, dd);
 }
-
-/// A warpgroup's dSᵀ [64 keys, B_r queries] (fp32 fragments) → the block's dSᵀ tile in
-/// shared memory, rounded to Elem: [column blocks of 64 queries][B_c keys][64 queries],
-/// 128-byte swizzled, rows key_row0 … key_row0 + 63, columns col0 … col0 + B_r − 1. A warp's
-/// 8 rows of one store land in 8 different 16-byte chunks: no bank conflict. The dQ product
-/// reads this tile MN-major.
-template <int B_c, int B_r, class Elem>
-__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0, int col0 = 0) {
-  auto* bytes = reinterpret_cast<unsigned char*>(tile);
-#pragma unroll
-  for (int j = 0; j < B_r / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = key_row0 + fragment_row(r), col = col0 + fragment_col(j, 0);
-      const uint32_t offset =
-          (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
-      *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
-    }
-}
-
-/// dQ block [64 queries, N columns] = dS · K_j over the tile's B_c keys: A = dS, read as
-/// the transpose of column block `m_block` of the dSᵀ tile; B = columns 64·n_block … of
-/// K_j, whose rows are the keys (the reduction) and whose columns are contiguous: both
-/// operands MN-major, so the instruction transposes both (wgmma_ss_tt).
-//! [gemm dq]
-template <int B_c, int N, class Elem>
-__device__ inline void gemm_dq(float (&acc)[N / 2], const Elem* ds_t, int m_block, const Elem* k, int n_block) {
-  const auto* a_bytes = reinterpret_cast<const unsigned char*>(ds_t) + m_block * column_block_bytes(B_c);
-  const auto* b_bytes = reinterpret_cast<const unsigned char*>(k) + n_block * column_block_bytes(B_c);
-#pragma unroll
-  for (int kk = 0; kk < B_c / 16; ++kk) {  // 16 keys per instruction: 16 rows of 128 bytes
-    const uint64_t da = smem_descriptor(a_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
-    const uint64_t db = smem_descriptor(b_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
-    wgmma_ss_tt(WgmmaShape<N>{}, Elem{}, acc, da, db, kk > 0);
-  }
-}
-//! [gemm dq]
 
 /// Adds a warpgroup's dQ block [64, N] to dQ_accum: `rows` points at element (0, 0) of the
 /// block, `stride` floats from one row to the next. Blocks of other key tiles add to the

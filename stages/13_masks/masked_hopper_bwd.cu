@@ -50,6 +50,7 @@
 #include "cuda_utils.h"
 #include "dispatch.cuh"
 #include "hopper/dq_staging.cuh"
+#include "hopper/ds_tile.cuh"
 #include "hopper/tile_math.cuh"
 #include "hopper/wgmma.cuh"
 #include "masked_bwd_pipeline.cuh"
@@ -241,38 +242,6 @@ __device__ inline void modified_probabilities_and_ds(float (&s)[B_r / 2], float 
 }
 //! [backward elementwise]
 
-/// A warpgroup's dSᵀ [64 keys, B_r queries] → the block's dSᵀ tile in shared memory, rounded
-/// to Elem: [B_r/64 column blocks][B_c keys][64 queries], 128-byte swizzled, rows
-/// key_row0 … key_row0 + 63 (stage 11's store_ds).
-template <int B_c, int B_r, class Elem>
-__device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0) {
-  auto* bytes = reinterpret_cast<unsigned char*>(tile);
-#pragma unroll
-  for (int j = 0; j < B_r / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = key_row0 + fragment_row(r), col = fragment_col(j, 0);
-      const uint32_t offset =
-          (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
-      *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
-    }
-}
-
-/// dQ block [64 queries, 64 columns] = dS·K_j over the tile's B_c keys: A = dS, the transpose
-/// of column block `m_block` of the dSᵀ tile; B = columns 64·n_block … of K_j (both
-/// MN-major: wgmma_ss_tt).
-template <int B_c, class Elem>
-__device__ inline void gemm_dq(float (&acc)[32], const Elem* ds_t, int m_block, const Elem* k, int n_block) {
-  const auto* a_bytes = reinterpret_cast<const unsigned char*>(ds_t) + m_block * column_block_bytes(B_c);
-  const auto* b_bytes = reinterpret_cast<const unsigned char*>(k) + n_block * column_block_bytes(B_c);
-#pragma unroll
-  for (int kk = 0; kk < B_c / 16; ++kk) {  // 16 keys per instruction: 16 rows of 128 bytes
-    const uint64_t da = smem_descriptor(a_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
-    const uint64_t db = smem_descriptor(b_bytes + kk * 16 * 128, column_block_bytes(B_c), 1024);
-    wgmma_ss_tt(WgmmaShape<64>{}, Elem{}, acc, da, db, kk > 0);
-  }
-}
-
 /// A warpgroup's [64, d] accumulator times `mul` as Elem into the document's rows:
 /// local key rows key0 … key0 + 63, stored when below n_k at packed row k_start + local.
 template <int d, class Elem>
@@ -370,12 +339,12 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     }
     stage10::pack_p<B_r, Elem>(dpt, ds_frag);
 
-    store_ds<B_c, B_r>(dpt, ds, 64 * c);
+    stage11::store_ds<B_c, B_r>(dpt, ds, 64 * c);
     fence_proxy_async_smem();  // the generic stores of dSᵀ, before wgmma reads them
     named_barrier_sync(R::kConsumersBarrier, 256);  // both halves of dSᵀ are in shared memory
     float dq[32];  // this warpgroup's [64, 64] block of dQ_i from this key tile
     wgmma_fence();
-    gemm_dq<B_c>(dq, ds, dq_rows, sm.k, dq_cols);
+    stage11::gemm_dq<B_c, 64>(dq, ds, dq_rows, sm.k, dq_cols);
     wgmma_commit();
     gemm_pv<d, B_r>(dv, p_frag, sm.do_stage(s));
     gemm_pv<d, B_r>(dk, ds_frag, sm.q_stage(s));
