@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "hopper/ptx.cuh"
 #include "hopper/tile_math.cuh"
 #include "hopper/wgmma.cuh"
 
@@ -20,21 +21,24 @@ using stage10::pack2;
 
 /// A warpgroup's dSᵀ [64 keys, B_r queries] (fp32 fragments) → the block's dSᵀ tile in
 /// shared memory, rounded to Elem: [column blocks of 64 queries][B_c keys][64 queries],
-/// 128-byte swizzled, rows key_row0 … key_row0 + 63, columns col0 … col0 + B_r − 1. A warp's
-/// 8 rows of one store land in 8 different 16-byte chunks: no bank conflict. The dQ product
-/// reads this tile MN-major.
+/// 128-byte swizzled, rows key_row0 … key_row0 + 63 (a multiple of 8), columns col0 …
+/// col0 + B_r − 1 (col0 a multiple of 8). One stmatrix.x4 stores 16 columns of the warp's 16
+/// rows: the four 8×8 pieces (j, r) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), whose rows
+/// are 16 bytes in one chunk of the swizzle; the 8 rows of a piece land in 8 different chunks
+/// of their lines, so no bank conflict. The dQ product reads this tile MN-major.
 template <int B_c, int B_r, class Elem>
 __device__ inline void store_ds(const float (&ds)[B_r / 2], Elem* tile, int key_row0, int col0 = 0) {
+  static_assert(B_r % 16 == 0, "stmatrix.x4 stores 16 columns at a time");
   auto* bytes = reinterpret_cast<unsigned char*>(tile);
+  const int lane = threadIdx.x % 32, piece = lane / 8;  // this lane addresses a row of piece `piece`
+  const int row = key_row0 + 16 * ((threadIdx.x % 128) / 32) + 8 * (piece % 2) + lane % 8;
 #pragma unroll
-  for (int j = 0; j < B_r / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = key_row0 + fragment_row(r), col = col0 + fragment_col(j, 0);
-      const uint32_t offset =
-          (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
-      *reinterpret_cast<uint32_t*>(bytes + offset) = pack2<Elem>(ds[4 * j + 2 * r], ds[4 * j + 2 * r + 1]);
-    }
+  for (int j0 = 0; j0 < B_r / 8; j0 += 2) {
+    const int col = col0 + 8 * (j0 + piece / 2);
+    const uint32_t offset = (col / 64) * column_block_bytes(B_c) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16);
+    stmatrix_x4(bytes + offset, pack2<Elem>(ds[4 * j0], ds[4 * j0 + 1]), pack2<Elem>(ds[4 * j0 + 2], ds[4 * j0 + 3]),
+                pack2<Elem>(ds[4 * j0 + 4], ds[4 * j0 + 5]), pack2<Elem>(ds[4 * j0 + 6], ds[4 * j0 + 7]));
+  }
 }
 
 /// dQ block [64 queries, N columns] = dS · K_j over the tile's B_c keys: A = dS, read as

@@ -104,6 +104,17 @@ __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uin
                : "memory");
 }
 
+/// Stores four 8×8 matrices of 16-bit values to shared memory with one instruction
+/// (stmatrix.x4, sm_90): lane l gives the address of row l % 8 of matrix l / 8 (16 bytes in
+/// a row), and register m holds this lane's two values of matrix m, at row lane / 4, columns
+/// 2·(lane % 4) and 2·(lane % 4) + 1 — the layout of an accumulator fragment's 8×8 piece, so
+/// a fragment rounded to 16 bits is stored without moving a value between lanes.
+__device__ inline void stmatrix_x4(void* row, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_address(row)), "r"(m0),
+               "r"(m1), "r"(m2), "r"(m3)
+               : "memory");
+}
+
 /// Adds (x, y) to the two consecutive floats at `dst` in global memory, atomically per
 /// element and without a return value (red: the thread does not wait for it). sm_90.
 __device__ inline void red_add_f32x2(float* dst, float x, float y) {
