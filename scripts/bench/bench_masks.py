@@ -201,6 +201,9 @@ def check(flex, which, n=1024):
         for impl, outputs in ours.items():
             for label, x, b, e in zip(("O", "dQ", "dK", "dV"), outputs, base, exact):
                 ok &= within_rule(x, b, e, f"{impl} {name} N={n} {label}")
+        apart = [(x.float() - y.float()).abs().max().item() for x, y in zip(*ours.values())]
+        print(f"check      stage13 against flex_attention, {name}: max |difference| of O, dQ, dK, dV "
+              + ", ".join(f"{d:.2e}" for d in apart), flush=True)
     return ok
 
 
