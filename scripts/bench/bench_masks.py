@@ -4,14 +4,26 @@ flex_attention (compiled, with its BlockMask: skipped blocks are never computed)
 scaled_dot_product_attention on cuDNN with a dense mask (every block computed, the mask read
 as a tensor).
 
-    bench_masks.py --bench13 build/stages/13_masks/bench13_hopper --out h100_stage13_masks.csv
+    bench_masks.py --bench13 build/stages/13_masks/bench13_hopper --fa-lib build/stages/libfa_c.so \
+        --out h100_stage13_masks.csv
 
 Shapes: bf16, d = 128, 16 heads, batch 1, N in {4096, 16384}; masks: a causal sliding window
 of 1024 and of 4096 keys, and causal documents of 256–8192 tokens (lengths drawn with a fixed
-seed, the last one cut to fill N). Time: CUDA events around 10 calls in a row, per call,
-median of 10 such runs after warm-up (the stage's program times itself the same way). Work: 4·d·(visible query-key pairs)·heads
-floating-point operations per call, the same count for every implementation, so TFLOP/s
-compares useful work.
+seed, the last one cut to fill N); score modifiers, each with the causal mask: ALiBi with the
+geometric slopes 2^(−8(h+1)/H) (flex_attention's score_mod adds slope_h·(kv − q); cuDNN reads
+the same bias as a dense bf16 tensor, −inf above the diagonal) and the logit soft-cap
+50·tanh(s/50) (Gemma 2's attention cap; cuDNN has no way to say it: its row is n/a).
+--cases picks the masks, the modifiers or all.
+
+Before any timing, stage 13 (through the C ABI, libfa_c.so) and flex_attention run each timed
+case's mask and modifier on N = 1024, forward and backward, against a float64 reference:
+each must stay within twice the error of the same attention computed plainly in bf16, plus
+4 ulp (the rule of tests/test_torch_masks.py); the script stops otherwise.
+
+Time: CUDA events around 10 calls in a row, per call, median of 10 such runs after warm-up
+(the stage's program times itself the same way). Work: 4·d·(visible query-key pairs)·heads
+floating-point operations per call, the same count for every implementation (a modifier adds
+none), so TFLOP/s compares useful work.
 
 With --backward: a forward and a backward per call (the stage's forward_hopper then
 backward_hopper; flex_attention's compiled forward then its backward through
@@ -22,17 +34,27 @@ Columns: device,commit,date,impl,seq,heads,head_dim,mask,ms,tflops,note
 """
 import argparse
 import csv
+import ctypes
 import datetime
+import itertools
+import math
 import os
+import pathlib
 import random
 import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+from fa_attention import core  # noqa: E402 (the C ABI, for the check)
+
 HEADS, HEAD_DIM = 16, 128
+SOFTCAP = 50.0  # Gemma 2's attention logit cap
+SLOPES = torch.tensor([2.0 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)], device="cuda")  # ALiBi's slopes_h
 
 
 def document_lengths(n, seed=13):
@@ -42,15 +64,19 @@ def document_lengths(n, seed=13):
     return lengths
 
 
-def masks(n):
-    """(name, window or None, document lengths or None) for a sequence of n tokens."""
-    return [(f"window {w}", w, None) for w in (1024, 4096)] + [("documents 256-8192", None, document_lengths(n))]
+def cases(n, which):
+    """(name, window or None, document lengths or None, modifier or None) for a sequence of n
+    tokens; every case is causal."""
+    masks = [(f"window {w}", w, None, None) for w in (1024, 4096)] + [
+        ("documents 256-8192", None, document_lengths(n), None)]
+    modifiers = [("causal + ALiBi", None, None, "alibi"), (f"causal + soft-cap {SOFTCAP:g}", None, None, "softcap")]
+    return {"masks": masks, "modifiers": modifiers, "all": masks + modifiers}[which]
 
 
 def visible_pairs(n, window, lengths):
     if lengths:
         return sum(m * (m + 1) // 2 for m in lengths)
-    return sum(min(i, window) + 1 for i in range(n))
+    return sum((i if window is None else min(i, window)) + 1 for i in range(n))
 
 
 def time_ms(fn, repeats=10, calls=10):
@@ -68,11 +94,28 @@ def time_ms(fn, repeats=10, calls=10):
     return sorted(times)[len(times) // 2]
 
 
+def causal(b, h, q, k):
+    return k <= q
+
+
 def mask_mod_for(n, window, lengths):
     if lengths:
         doc = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"), torch.tensor(lengths, device="cuda"))
         return lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q)
+    if window is None:
+        return causal
     return lambda b, h, q, k: (k <= q) & (q - k <= window)
+
+
+def alibi(score, b, h, q, kv):  # s + slope_h·(j − i): the diagonal is i (one square document)
+    return score + SLOPES[h] * (kv - q)
+
+
+def softcap(score, b, h, q, kv):  # cap·tanh(s/cap) on the scaled score
+    return SOFTCAP * torch.tanh(score / SOFTCAP)
+
+
+SCORE_MODS = {None: None, "alibi": alibi, "softcap": softcap}
 
 
 def dense_mask(n, mask_mod):
@@ -81,7 +124,90 @@ def dense_mask(n, mask_mod):
     return mask_mod(0, 0, q, k)
 
 
-def run_stage13(binary, n, window, lengths, backward=False):
+def dense_alibi_bias(n):
+    """[1, heads, n, n] bf16: slope_h·(j − i) where j ≤ i, −inf above the diagonal."""
+    i = torch.arange(n, device="cuda")
+    dist = (i[None, :] - i[:, None]).float()  # [n, n] j − i
+    bias = torch.empty(1, HEADS, n, n, device="cuda", dtype=torch.bfloat16)
+    for h in range(HEADS):
+        bias[0, h] = (SLOPES[h] * dist).masked_fill(dist > 0, -math.inf)
+    return bias
+
+
+def stage13_modifiers(window, lengths, modifier):
+    """The fa_modifiers of a case (and the arrays it points into)."""
+    return core.modifiers(window=None if window is None else (window, None),
+                          alibi_slopes=SLOPES.cpu().numpy() if modifier == "alibi" else None,
+                          softcap=SOFTCAP if modifier == "softcap" else 0.0,
+                          cu_seqlens_q=None if not lengths else [0] + list(itertools.accumulate(lengths)),
+                          cu_seqlens_k=None if not lengths else [0] + list(itertools.accumulate(lengths)))
+
+
+def stage13_forward_backward(q, k, v, do, window, lengths, modifier):
+    """O, dQ, dK, dV of stage 13's Hopper kernels on torch tensors [1, heads, n, d] (bf16)."""
+    lib = core.library()
+    p = core.Problem(1, HEADS, HEADS, q.shape[2], k.shape[2], HEAD_DIM, 1, 0.0)
+    m, _keep = stage13_modifiers(window, lengths, modifier)
+    o, dq, dk, dv = (torch.empty_like(x) for x in (q, q, k, v))
+    lse = torch.empty(1, HEADS, q.shape[2], device="cuda", dtype=torch.float32)
+    bf16 = 2  # enum fa_dtype's FA_BF16
+    core._check(lib.fa_forward_masked_device(ctypes.byref(p), ctypes.byref(m), bf16, q.data_ptr(), k.data_ptr(),
+                                             v.data_ptr(), o.data_ptr(), lse.data_ptr(), None))
+    core._check(lib.fa_backward_masked_device(ctypes.byref(p), ctypes.byref(m), bf16, q.data_ptr(), k.data_ptr(),
+                                              v.data_ptr(), o.data_ptr(), lse.data_ptr(), do.data_ptr(),
+                                              dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None, None))
+    torch.cuda.synchronize()
+    return o, dq, dk, dv
+
+
+def plain_forward_backward(q, k, v, do, keep, score_mod, dtype):
+    """O, dQ, dK, dV of attention written plainly in `dtype` (the dense mask `keep` [n, n])."""
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    n = q.shape[2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+    if score_mod is not None:
+        i = torch.arange(n, device="cuda")
+        h = torch.arange(HEADS, device="cuda")[None, :, None, None]
+        s = score_mod(s, 0, h, i[:, None], i[None, :]).to(dtype)  # ALiBi's slopes are fp32
+    o = torch.softmax(s.masked_fill(~keep, -math.inf), dim=-1) @ v
+    return (o,) + torch.autograd.grad(o, (q, k, v), do.to(dtype))
+
+
+def within_rule(ours, base, exact, what):
+    """|ours − exact| <= 2 |base − exact| + 4 ulp(max |exact|) in ours' dtype."""
+    err = (ours.double() - exact).abs().max().item()
+    base_err = (base.double() - exact).abs().max().item()
+    floor = 4 * torch.finfo(ours.dtype).eps * max(1.0, exact.abs().max().item())
+    ok = err <= 2 * base_err + floor
+    print(f"check {'ok  ' if ok else 'FAIL'} {what}: err {err:.2e}, plain bf16 {base_err:.2e}", flush=True)
+    return ok
+
+
+def check(flex, which, n=1024):
+    """Stage 13 and flex_attention against float64 on every case of the run at N = n."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v, do = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", generator=g).bfloat16() for _ in range(4))
+    ok = True
+    for name, window, lengths, modifier in cases(n, which):
+        mask_mod, score_mod = mask_mod_for(n, window, lengths), SCORE_MODS[modifier]
+        block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        o = flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask)
+        ours = {"stage13": stage13_forward_backward(q, k, v, do, window, lengths, modifier),
+                "flex_attention": (o,) + torch.autograd.grad(o, (qg, kg, vg), do)}
+        keep = dense_mask(n, mask_mod)
+        exact = plain_forward_backward(q, k, v, do, keep, score_mod, torch.float64)
+        base = plain_forward_backward(q, k, v, do, keep, score_mod, torch.bfloat16)
+        for impl, outputs in ours.items():
+            for label, x, b, e in zip(("O", "dQ", "dK", "dV"), outputs, base, exact):
+                ok &= within_rule(x, b, e, f"{impl} {name} N={n} {label}")
+        apart = [(x.float() - y.float()).abs().max().item() for x, y in zip(*ours.values())]
+        print(f"check      stage13 against flex_attention, {name}: max |difference| of O, dQ, dK, dV "
+              + ", ".join(f"{d:.2e}" for d in apart), flush=True)
+    return ok
+
+
+def run_stage13(binary, n, window, lengths, modifier, backward=False):
     args = [binary, "--seq", str(n), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--causal"]
     if backward:
         args += ["--backward"]
@@ -89,6 +215,10 @@ def run_stage13(binary, n, window, lengths, backward=False):
         args += ["--window-left", str(window)]
     if lengths:
         args += ["--seqlens", ",".join(map(str, lengths))]
+    if modifier == "alibi":
+        args += ["--alibi"]
+    if modifier == "softcap":
+        args += ["--softcap", f"{SOFTCAP:g}"]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     fields = dict(f.split("=") for f in out.split())
     note = f"tiles skip {fields['tiles_skip']} full {fields['tiles_full']} partial {fields['tiles_partial']}"
@@ -100,6 +230,8 @@ def run_stage13(binary, n, window, lengths, backward=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench13", required=True, help="the stage's timing program (bench13_hopper)")
+    ap.add_argument("--fa-lib", required=True, help="libfa_c.so, for the check before timing")
+    ap.add_argument("--cases", choices=("masks", "modifiers", "all"), default="all")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--backward", action="store_true", help="time forward + backward")
@@ -108,24 +240,27 @@ def main():
     commit = os.environ.get("FA_COMMIT", "unknown")
     date = datetime.date.today().isoformat()
     flex = torch.compile(flex_attention)
+    core.library(args.fa_lib)
+    if not check(flex, args.cases):
+        sys.exit("bench_masks.py: stage 13 or flex_attention is outside the check's bound (above); nothing timed")
     out = open(args.out, "w", newline="")  # row by row: a run cut short keeps what it measured
     w = csv.writer(out)
     w.writerow(["device", "commit", "date", "impl", "seq", "heads", "head_dim", "mask", "ms", "tflops", "note"])
     for n in args.seqs:
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        for name, window, lengths in masks(n):
+        for name, window, lengths, modifier in cases(n, args.cases):
             flops = 4.0 * HEAD_DIM * visible_pairs(n, window, lengths) * HEADS * (3.5 if args.backward else 1.0)
             results = []
-            ms, note = run_stage13(args.bench13, n, window, lengths, args.backward)
+            ms, note = run_stage13(args.bench13, n, window, lengths, modifier, args.backward)
             results.append(("stage13_hopper", ms, note))
-            mask_mod = mask_mod_for(n, window, lengths)
+            mask_mod, score_mod = mask_mod_for(n, window, lengths), SCORE_MODS[modifier]
             block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
             if args.backward:
                 qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
                 do = torch.randn_like(q)
 
                 def forward_backward():
-                    out = flex(qg, kg, vg, block_mask=block_mask)
+                    out = flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask)
                     torch.autograd.grad(out, (qg, kg, vg), do)
 
                 results.append(("flex_attention", time_ms(forward_backward),
@@ -137,16 +272,20 @@ def main():
                     out.flush()
                     print(",".join(map(str, row)), flush=True)
                 continue
-            results.append(("flex_attention", time_ms(lambda: flex(q, k, v, block_mask=block_mask)),
+            results.append(("flex_attention", time_ms(lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)),
                             f"block mask sparsity {block_mask.sparsity():.1f}%"))
-            dense = dense_mask(n, mask_mod)
-            try:
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    results.append(("sdpa_cudnn_dense_mask",
-                                    time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), "bool mask"))
-            except RuntimeError as e:
-                results.append(("sdpa_cudnn_dense_mask", float("nan"), "refused: " + str(e).splitlines()[0][:120]))
-            del dense
+            if modifier == "softcap":
+                results.append(("sdpa_cudnn_dense_mask", float("nan"), "n/a: cap·tanh(s/cap) is no additive mask"))
+            else:
+                dense, kind = (dense_alibi_bias(n), "bf16 ALiBi bias") if modifier == "alibi" else \
+                    (dense_mask(n, mask_mod), "bool mask")
+                try:
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        results.append(("sdpa_cudnn_dense_mask",
+                                        time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), kind))
+                except RuntimeError as e:
+                    results.append(("sdpa_cudnn_dense_mask", float("nan"), "refused: " + str(e).splitlines()[0][:120]))
+                del dense
             for impl, ms, note in results:
                 row = [device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
                        f"{flops / (ms * 1e-3) / 1e12:.1f}", note]

@@ -1,12 +1,13 @@
-// Stage 13 on Hopper, timed: one masked forward (with --backward: a forward and a backward),
-// and the useful work (the visible (query, key) pairs) it did per second. Time: CUDA events around --calls calls in a row (10: the
-// host prepares a call while the GPU runs the one before), per call, median of --repeats
-// such runs. The benchmark script
+// Stage 13 on Hopper, timed: one forward under a mask and score modifiers (with --backward: a
+// forward and a backward), and the useful work (the visible (query, key) pairs) it did per
+// second. Time: CUDA events around --calls calls in a row (10: the host prepares a call while
+// the GPU runs the one before), per call, median of --repeats such runs. The benchmark script
 // (scripts/bench/bench_masks.py) runs it beside flex_attention and SDPA.
 //
 //   bench13_hopper --seq 16384 --heads 16 --head-dim 128 --causal --window-left 1024
 //   bench13_hopper --seq 16384 --seqlens 300,2000,... --causal          (documents)
 //   bench13_hopper --seq 16384 --causal --window-left 1024 --backward
+//   bench13_hopper --seq 16384 --causal --alibi                        (or --softcap 50, --sinks)
 // Prints one line: "ms=<median> tflops=<4·d·visible pairs·heads / time>"; with --backward ms
 // is forward + backward, tflops counts 3.5× the forward's work (the backward's five products
 // against the forward's two), and bwd_ms is the backward alone.
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqlens;
   int repeats = 10, calls = 10;
   std::string dtype_name = "bf16";
-  bool backward = false;
+  bool backward = false, alibi = false, sinks = false;
+  double softcap = 0;
   app.add_option("--seq", p.seq_q, "tokens (queries = keys)");
   app.add_option("--heads", p.heads, "query heads (= kv heads)");
   app.add_option("--head-dim", p.head_dim, "d");
@@ -41,6 +44,9 @@ int main(int argc, char** argv) {
   app.add_option("--window-left", window_left, "keys before the diagonal (-1: none)");
   app.add_option("--window-right", window_right, "keys after the diagonal (-1: none)");
   app.add_option("--seqlens", seqlens, "document lengths (sum <= seq)")->delimiter(',');
+  app.add_option("--softcap", softcap, "logit soft-cap: s -> cap*tanh(s/cap) (> 0; default: off)");
+  app.add_flag("--alibi", alibi, "ALiBi with the geometric slopes 2^(-8(h+1)/H)");
+  app.add_flag("--sinks", sinks, "one sink logit per head (0: the time does not depend on its value)");
   app.add_option("--repeats", repeats, "timed runs")->check(CLI::PositiveNumber);
   app.add_option("--calls", calls, "calls in a row per timed run")->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype_name, "bf16 or f16");
@@ -53,6 +59,12 @@ int main(int argc, char** argv) {
     if (window_left >= 0) m.window_left = window_left;
     if (window_right >= 0) m.window_right = window_right;
     if (!seqlens.empty()) m.cu_seqlens_q = m.cu_seqlens_k = fa::cu_seqlens_of(seqlens, "bench13_hopper");
+    if (app.count("--softcap") && !(softcap > 0))  // 0 would mean off, which no one asks for by name
+      throw std::invalid_argument("bench13_hopper: softcap = " + std::to_string(softcap) +
+                                  " is not allowed (the cap must be > 0)");
+    m.softcap = softcap;
+    if (alibi) m.alibi_slopes = fa::alibi_slopes(p.heads);
+    if (sinks) m.sinks.assign(size_t(p.heads), 0.0f);
     const fa::Dtype dtype = fa::parse_dtype(dtype_name);
     m.validate(p, "bench13_hopper");
 
@@ -77,12 +89,13 @@ int main(int argc, char** argv) {
     fa::DeviceBuffer dO(backward ? elems * 2 : 16, "dO"), dQ(backward ? elems * 2 : 16, "dQ");
     fa::DeviceBuffer dK(backward ? elems * 2 : 16, "dK"), dV(backward ? elems * 2 : 16, "dV");
     if (backward) fa::fill_random(dtype, dO.get(), int64_t(elems), 4, nullptr);
+    fa::DeviceBuffer dsinks(size_t(p.heads) * 4, "dsinks");  // [heads] fp32, written with sinks
     const auto forward = [&] {
       fa::stage13::forward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), nullptr);
     };
     const auto backward_only = [&] {
       fa::stage13::backward_hopper(p, m, dtype, Q.get(), K.get(), V.get(), O.get(), L.as<float>(), dO.get(), dQ.get(),
-                                   dK.get(), dV.get(), nullptr, nullptr);
+                                   dK.get(), dV.get(), dsinks.as<float>(), nullptr);
     };
     cudaEvent_t a, b;
     FA_CUDA_CHECK(cudaEventCreate(&a));
