@@ -8,6 +8,15 @@ launches, rotating several input sets so that together they exceed the L2 cache 
 finds its inputs there). Every timed stage output is checked against a PyTorch reference
 (max abs error printed; NaN or a large error fails the run).
 
+The bar and the stage it is held to are timed in alternation: at each point, the first stage
+of the list (without a variant) and SDPA's cuDNN backend are timed in --rounds rounds, stage
+then cuDNN, forward then backward, each round a median of --repeats launches, and each row
+holds the median of its rounds. A GPU's clocks follow its recent power draw, so a kernel timed
+right after a heavy one runs slower than one timed after a light one; timed once each, in a
+fixed order (the stage after the previous point's cuDNN, cuDNN after FlashAttention-2's
+slower kernels), the ratio of the two carried that order (on an H200, 0.88 where alternating
+rounds gave 0.94–1.02). The other rows (steps, variants, FlashAttention-2) are timed once.
+
 What is measured (FLOPs by the FlashAttention papers' convention: forward 4·b·h·N²·d,
 halved when causal; backward 2.5× forward):
   * ceilings: an 8192³ fp32 GEMM through cuBLAS with TF32 off (the CUDA-core ceiling for
@@ -135,6 +144,16 @@ def median_ms(fn, n_sets, repeats, warmup=3):
         stops[r].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, stops))
+
+
+def alternating_ms(fns, n_sets, repeats, rounds):
+    """{name: fn}: each timed as median_ms does, in `rounds` rounds of all of them in turn;
+    returns {name: median over the rounds}."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(median_ms(fn, n_sets, repeats))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def attn_flops(b, h, n, d, causal):
@@ -270,6 +289,38 @@ class Bench:
             del a, b, c
         torch.cuda.empty_cache()
 
+    # -- the bar, side by side ------------------------------------------------------------
+    def alternate(self, stage, prob, fa_dtype, sets, causal, backend, want_bwd):
+        """{(what, pass): ms} of `stage` and SDPA's cuDNN backend, forward (and backward),
+        timed in alternating rounds; what fails here (a refused shape, a backend that does
+        not take it) is left to the single timing that follows, which reports it."""
+        n, reps, rounds = len(sets), self.args.repeats, self.args.rounds
+        times = {}
+        fwd = lambda i: self.fa.forward(stage, prob, fa_dtype, *(sets[i][x] for x in ("q", "k", "v", "o", "lse")))
+        cudnn_fwd = lambda i: sdpa(sets[i]["q"], sets[i]["k"], sets[i]["v"], causal, backend)
+        try:
+            got = alternating_ms({"stage": fwd, "cudnn": cudnn_fwd}, n, reps, rounds)
+        except Exception:  # noqa: BLE001 — reported by the single timing
+            return times
+        times[(stage, "fwd")], times[("sdpa_cudnn", "fwd")] = got["stage"], got["cudnn"]
+        if not (want_bwd and self.fa.has_backward(stage)):
+            return times
+        try:
+            for i in range(n):  # O and L of every set, for the stage's backward
+                fwd(i)
+            bwd = lambda i: self.fa.backward(stage, prob, fa_dtype, *(sets[i][x] for x in (
+                "q", "k", "v", "o", "lse", "do", "dq", "dk", "dv")))
+            leaves = [{x: sets[i][x].detach().requires_grad_(True) for x in "qkv"} for i in range(n)]
+            outs = [sdpa(l["q"], l["k"], l["v"], causal, backend) for l in leaves]
+            cudnn_bwd = lambda i: torch.autograd.grad(outs[i], (leaves[i]["q"], leaves[i]["k"], leaves[i]["v"]),
+                                                      sets[i]["do"], retain_graph=True)
+            got = alternating_ms({"stage": bwd, "cudnn": cudnn_bwd}, n, reps, rounds)
+            times[(stage, "bwd")], times[("sdpa_cudnn", "bwd")] = got["stage"], got["cudnn"]
+            del leaves, outs
+        except Exception:  # noqa: BLE001 — reported by the single timing
+            pass
+        return times
+
     # -- one attention point -------------------------------------------------------------
     def point(self, stages, dtype_name, b, h, n, d, causal, baselines, variants=()):
         """Times `stages` (and each (option, value) variant) and the SDPA `baselines`."""
@@ -303,6 +354,13 @@ class Bench:
         lse_ref = ref_lse(s0["q"], s0["k"], causal)
         del q32, k32, v32
 
+        # The first stage and cuDNN, timed in alternating rounds (the module's docstring).
+        cudnn = dict(baselines).get("sdpa_cudnn")
+        paired = {}
+        if cudnn is not None and stages and self.args.rounds > 1:
+            paired = self.alternate(stages[0], prob, fa_dtype, sets, causal, cudnn, want_bwd)
+        paired_note = f"median of {self.args.rounds} rounds alternating {stages[0] if stages else ''} and sdpa_cudnn"
+
         # The project's stages (and variants), through the C ABI.
         runs = [(s, None) for s in stages] + [(s, v) for s in stages for v in variants]
         for stage, variant in runs:
@@ -317,11 +375,12 @@ class Bench:
                 a_o, r_o = abs_err(s0["o"], o_ref), rel_err(s0["o"], o_ref)
                 e_l = abs_err(s0["lse"], lse_ref)
                 ok = r_o <= REL_BOUND[dtype_name] and e_l <= L_BOUND[dtype_name]  # False on NaN
-                ms = median_ms(fwd, len(sets), reps)
+                ms = paired.get((impl, "fwd")) or median_ms(fwd, len(sets), reps)
                 t = tflops(fl, ms)
                 result["fwd"][impl] = (ms, t)
                 self.row(direction="fwd", what=impl, **shape, ms=f"{ms:.4f}", tflops=f"{t:.2f}",
-                         err_O=f"{a_o:.3e}", err_L=f"{e_l:.3e}", check="ok" if ok else "FAIL")
+                         err_O=f"{a_o:.3e}", err_L=f"{e_l:.3e}", check="ok" if ok else "FAIL",
+                         note=paired_note if (impl, "fwd") in paired else "")
                 print(f"  {impl:34s} fwd {ms:9.3f} ms {t:7.2f} TFLOP/s   "
                       f"max|ΔO| {a_o:.2e} (rel {r_o:.1e})  max|ΔL| {e_l:.2e}  "
                       f"{'ok' if ok else 'CHECK FAILED'}",
@@ -341,12 +400,13 @@ class Bench:
                     errs = [abs_err(s0[x], r) for x, r in pairs]
                     rels = [rel_err(s0[x], r) for x, r in pairs]
                     ok = all(e <= REL_BOUND[dtype_name] for e in rels)
-                    ms = median_ms(bwd, len(sets), reps)
+                    ms = paired.get((impl, "bwd")) or median_ms(bwd, len(sets), reps)
                     t = tflops(2.5 * fl, ms)
                     result["bwd"][impl] = (ms, t)
                     self.row(direction="bwd", what=impl, **shape, ms=f"{ms:.4f}", tflops=f"{t:.2f}",
                              err_O=f"{max(errs):.3e}", check="ok" if ok else "FAIL",
-                             note="err_O: the largest max abs error of dQ, dK, dV")
+                             note="err_O: the largest max abs error of dQ, dK, dV" +
+                                  (f"; {paired_note}" if (impl, "bwd") in paired else ""))
                     print(f"  {impl:34s} bwd {ms:9.3f} ms {t:7.2f} TFLOP/s   "
                           f"max|ΔdQ|,|ΔdK|,|ΔdV| {errs[0]:.2e}, {errs[1]:.2e}, {errs[2]:.2e}  "
                           f"{'ok' if ok else 'CHECK FAILED'}", flush=True)
@@ -365,11 +425,11 @@ class Bench:
                 fwd = lambda i, be=backend: sdpa(sets[i]["q"], sets[i]["k"], sets[i]["v"], causal, be)
                 out = fwd(0)
                 a_o = abs_err(out, o_ref)
-                ms = median_ms(fwd, len(sets), reps)
+                ms = paired.get((name, "fwd")) or median_ms(fwd, len(sets), reps)
                 t = tflops(fl, ms)
                 result["fwd"][name] = (ms, t)
                 self.row(direction="fwd", what=name, **shape, ms=f"{ms:.4f}", tflops=f"{t:.2f}",
-                         err_O=f"{a_o:.3e}", check="-")
+                         err_O=f"{a_o:.3e}", check="-", note=paired_note if (name, "fwd") in paired else "")
                 print(f"  {name:34s} fwd {ms:9.3f} ms {t:7.2f} TFLOP/s   max|ΔO| {a_o:.2e}",
                       flush=True)
                 del out
@@ -380,11 +440,11 @@ class Bench:
                     bwd = lambda i: torch.autograd.grad(outs[i], (leaves[i]["q"], leaves[i]["k"],
                                                                   leaves[i]["v"]), sets[i]["do"],
                                                         retain_graph=True)
-                    ms = median_ms(bwd, len(sets), reps)
+                    ms = paired.get((name, "bwd")) or median_ms(bwd, len(sets), reps)
                     t = tflops(2.5 * fl, ms)
                     result["bwd"][name] = (ms, t)
                     self.row(direction="bwd", what=name, **shape, ms=f"{ms:.4f}", tflops=f"{t:.2f}",
-                             check="-")
+                             check="-", note=paired_note if (name, "bwd") in paired else "")
                     print(f"  {name:34s} bwd {ms:9.3f} ms {t:7.2f} TFLOP/s", flush=True)
                     del leaves, outs
             except Exception as e:  # a backend that does not take this shape or dtype
@@ -618,6 +678,8 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or git_commit(),
                     help="commit recorded in every row (default: $FA_COMMIT or git rev-parse)")
     ap.add_argument("--repeats", type=int, default=20, help="timed launches per measurement (median)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of the first stage and cuDNN timed in turn (median of the rounds); 1: once each")
     ap.add_argument("--quick", action="store_true", help="a smaller fp16/bf16 sweep (bf16, d=128, 3 lengths)")
     ap.add_argument("--steps", action="store_true",
                     help="only the steps of stages 08 and 09 (option step), bf16, against sdpa_flash")
