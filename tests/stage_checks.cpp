@@ -191,7 +191,7 @@ void check_adversarial(const StageInfo& s, Dtype t, bool with_backward) {
     if (which == 0) x.Q[size_t(p.q_offset(0, 1, 5) + 3)] = nan;
     else x.K[size_t(p.kv_offset(0, 0, 20) + 1)] = nan;
     const CheckReport r = run_check(s, p, t, x, with_backward);
-    INFO((which == 0 ? "NaN in Q row 5 of head 1: " : "NaN in K row 20: ") << context(s, p, t, 11, Dist::Normal));
+    INFO(std::string(which == 0 ? "NaN in Q row 5 of head 1: " : "NaN in K row 20: ") << context(s, p, t, 11, Dist::Normal));
     INFO(r.summary());
     CHECK(r.pass());
     if (which == 0) {

@@ -397,7 +397,7 @@ TEST_CASE("08: step 08a and 08b give bitwise the same O and L (only the loads mo
       for (const auto& p : problems) {
         if (p.head_dim != 128 && tile != s8::TileD128::QInRegisters) continue;
         CAPTURE(p.describe());
-        CAPTURE(fa::dtype_name(t));
+        CAPTURE(std::string(fa::dtype_name(t)));
         CAPTURE(int(tile));
         const fa::Tensors one = [&] {
           const Variant v(s8::Ablation::None, tile, s8::Step::OneBuffer);

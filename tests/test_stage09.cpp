@@ -109,7 +109,7 @@ TEST_CASE("stage 09: step 09a is bitwise reproducible") {
     for (bool causal : {false, true}) {
       const fa::Problem p = make(2, 8, 2, 333, fa::test::small_mode() ? 300 : 1000, d, causal);
       for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
-        INFO(fa::dtype_name(t) << " " << p.describe());
+        INFO(std::string(fa::dtype_name(t)) << " " << p.describe());
         fa::Tensors x = fa::Tensors::make(p, 42, fa::Dist::Normal, true);
         stage().forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
         std::vector<float> dQ[2], dK[2], dV[2];
@@ -194,7 +194,7 @@ TEST_CASE("stage 09: gradient check of stage 08's forward and stage 09's backwar
   for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16})
     for (const fa::Problem& p : {make(2, 4, 2, 200, 200, 64, true), make(1, 2, 1, 130, 300, 128, false),
                                  make(1, 8, 2, 300, 77, 128, true)}) {
-      INFO(fa::dtype_name(t) << " " << p.describe());
+      INFO(std::string(fa::dtype_name(t)) << " " << p.describe());
       fa::Tensors x = fa::Tensors::make(p, 44, fa::Dist::Normal, true);
       s08.forward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data());
       stage().backward(p, t, x.Q.data(), x.K.data(), x.V.data(), x.O.data(), x.L.data(), x.dO.data(),

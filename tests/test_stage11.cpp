@@ -235,7 +235,7 @@ TEST_CASE("11: the deterministic mode is bitwise reproducible, and its dK, dV ar
     for (bool causal : {false, true}) {
       const fa::Problem p = make(2, 8, 2, 333, fa::test::small_mode() ? 300 : 1000, d, causal);
       for (fa::Dtype t : {fa::Dtype::BF16, fa::Dtype::F16}) {
-        INFO(fa::dtype_name(t) << " " << p.describe());
+        INFO(std::string(fa::dtype_name(t)) << " " << p.describe());
         fa::Tensors x = fa::Tensors::make(p, 42, fa::Dist::Normal, true);
         fa::Tensors runs[2] = {x, x}, atomic = x;
         for (auto& y : runs) forward_backward(p, t, y, step(s11::Step::D, true));
@@ -288,7 +288,7 @@ TEST_CASE("11: d = 256 (step 11d, columns split between the consumers): shapes, 
       forward_backward(p, t, x, step(s11::Step::Auto));
       forward_backward(p, t, y, step(s11::Step::Auto));
       const fa::CheckReport r = fa::compare_backward(p, t, x);
-      INFO(fa::dtype_name(t) << " " << p.describe() << "\n" << r.summary());
+      INFO(std::string(fa::dtype_name(t)) << " " << p.describe() << "\n" << r.summary());
       CHECK(r.pass());
       CHECK_MESSAGE(bitwise_equal(x.dK, y.dK), "dK differs between two runs");  // no atomics in dK, dV
       CHECK_MESSAGE(bitwise_equal(x.dV, y.dV), "dV differs between two runs");
