@@ -3,7 +3,7 @@
 /// warpgroup stages its [64, 64] fp32 block of dQ_i in shared memory (stage_dq), and one
 /// writer thread adds the blocks to dQ_accum with bulk reductions, done by L2 on whole
 /// lines (write_dq). The staging area holds one block per consumer, filled and drained once
-/// per step, on three barriers:
+/// per step, on three barriers (dq_full[0], dq_full[1], dq_empty):
 ///
 ///   dq_full[c]  consumer c's block is in shared memory (128 arrivals: its threads, each
 ///               after a fence.proxy.async, since the copy engine reads what they wrote)
