@@ -26,6 +26,7 @@ namespace {
 
 using fa::c_abi::guarded;
 using fa::c_abi::require;
+using fa::c_abi::require_gpu;
 
 // The stage a call names (its full name or a unique prefix).
 const fa::StageInfo& stage_named(const char* name) {
@@ -327,8 +328,7 @@ int fa_decode_device(const fa_decode_problem* p, fa_dtype dtype, const int32_t* 
     const fa::Dtype t = to_decode_dtype(&dtype);
 #ifdef FA_HAVE_CUDA
     fa::stage14::require_gpu_request(d, t, {});
-    if (!fa::gpu_available())
-      throw fa::NoCudaDevice(std::string(kDecodeStage) + ": no CUDA device is available on this machine");
+    require_gpu(kDecodeStage);
     fa::stage14::decode_device(d, t, Q, K_cache, V_cache, cache_seqlens, d.paged() ? block_table : nullptr, O, L,
                                stream);
 #else
@@ -345,8 +345,7 @@ int fa_append_kv_device(const fa_decode_problem* p, fa_dtype dtype, const int32_
     const fa::DecodeProblem d = to_decode_problem(p, nullptr);
     const fa::Dtype t = to_decode_dtype(&dtype);
 #ifdef FA_HAVE_CUDA
-    if (!fa::gpu_available())
-      throw fa::NoCudaDevice(std::string(kDecodeStage) + ": no CUDA device is available on this machine");
+    require_gpu(kDecodeStage);
     fa::stage14::append_kv_device(d, t, K_new, V_new, K_cache, V_cache, cache_seqlens,
                                   d.paged() ? block_table : nullptr, stream);
 #else

@@ -6,8 +6,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "errors.h"
 #include "fa_c.h"
 #include "problem.h"
+#include "stage_list.h"
 
 namespace fa::c_abi {
 
@@ -18,6 +20,12 @@ std::string& last_error_of_this_thread();
 /// Refuses (std::invalid_argument) with `what` unless `ok`.
 inline void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
+}
+
+/// Refuses (fa::NoCudaDevice: FA_ERR_RUNTIME with this message) a `_device` entry of `who`
+/// on a machine without a CUDA device.
+inline void require_gpu(const std::string& who) {
+  if (!fa::gpu_available()) throw fa::NoCudaDevice(who + ": no CUDA device is available on this machine");
 }
 
 /// The C problem as a Problem, for a call of `who`: a NULL pointer and a `causal` that is not

@@ -20,6 +20,7 @@ namespace {
 
 using fa::c_abi::guarded;
 using fa::c_abi::require;
+using fa::c_abi::require_gpu;
 
 constexpr const char* kMaskedStage = fa::stage13::kStageName;
 
@@ -116,8 +117,7 @@ int fa_forward_masked_device(const fa_problem* p, const fa_modifiers* m, fa_dtyp
     const fa::Modifiers mods = to_modifiers(q, m);
     const fa::Dtype t = to_masked_dtype(&dtype);
 #ifdef FA_HAVE_CUDA
-    if (!fa::gpu_available())
-      throw fa::NoCudaDevice(std::string(kMaskedStage) + ": no CUDA device is available on this machine");
+    require_gpu(kMaskedStage);
     fa::stage13::forward_hopper(q, mods, t, Q, K, V, O, L, static_cast<cudaStream_t>(stream));
 #else
     (void)t, (void)Q, (void)K, (void)V, (void)O, (void)L, (void)stream;
@@ -135,8 +135,7 @@ int fa_backward_masked_device(const fa_problem* p, const fa_modifiers* m, fa_dty
     const fa::Modifiers mods = to_modifiers(q, m);
     const fa::Dtype t = to_masked_dtype(&dtype);
 #ifdef FA_HAVE_CUDA
-    if (!fa::gpu_available())
-      throw fa::NoCudaDevice(std::string(kMaskedStage) + ": no CUDA device is available on this machine");
+    require_gpu(kMaskedStage);
     fa::stage13::backward_hopper(q, mods, t, Q, K, V, O, L, dO, dQ, dK, dV, dsinks, static_cast<cudaStream_t>(stream));
 #else
     (void)t, (void)Q, (void)K, (void)V, (void)O, (void)L, (void)dO, (void)dQ, (void)dK, (void)dV, (void)dsinks,
