@@ -515,6 +515,12 @@ TEST_CASE("13 hopper backward: soft-capping, ALiBi, sinks, combinations") {
   Modifiers alibi;
   alibi.alibi_slopes = fa::alibi_slopes(4);
   expect_backward_pass("alibi causal", make(1, 4, 2, 400, 400, 128, true), alibi);
+  // ALiBi alone has a kernel of its own (the bias in P's exponent): off the square diagonal,
+  // at d = 64, and with documents, a window and sinks, every step kind of that kernel.
+  expect_backward_pass("alibi not causal, N_q != N_k, d = 64", make(1, 4, 4, 300, 500, 64, false), alibi);
+  Modifiers alibi_docs = documents({300, 0, 1, 129, 64, 200}, {300, 0, 1, 129, 64, 200});
+  alibi_docs.window_left = 40, alibi_docs.alibi_slopes = fa::alibi_slopes(4), alibi_docs.sinks = sink_logits(4);
+  expect_backward_pass("documents + window + alibi + sinks", make(1, 4, 2, 700, 700, 128, true), alibi_docs);
   Modifiers sinks;
   sinks.sinks = sink_logits(4);
   expect_backward_pass("sinks", make(1, 4, 2, 300, 300, 128, true), sinks);

@@ -28,7 +28,12 @@ none), so TFLOP/s compares useful work.
 With --backward: a forward and a backward per call (the stage's forward_hopper then
 backward_hopper; flex_attention's compiled forward then its backward through
 torch.autograd.grad), work 3.5 times the forward's (the backward's five products against the
-forward's two); the stage's backward alone goes into its note. SDPA is not timed then.
+forward's two), and the backward alone (rows *_bwd, work 2.5 times the forward's): the stage's
+program times its backward_hopper by itself; flex_attention's is torch.autograd.grad on one
+forward's graph, kept with retain_graph. SDPA is not timed then.
+
+Rounds (--rounds, default 3): every implementation of a case is timed once per round, in turn,
+and the median round is reported, so that none is always timed right after the same other.
 
 Columns: device,commit,date,impl,seq,heads,head_dim,mask,ms,tflops,note
 """
@@ -222,9 +227,19 @@ def run_stage13(binary, n, window, lengths, modifier, backward=False):
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     fields = dict(f.split("=") for f in out.split())
     note = f"tiles skip {fields['tiles_skip']} full {fields['tiles_full']} partial {fields['tiles_partial']}"
-    if backward:
-        note += f"; backward alone {fields['bwd_ms']} ms"
-    return float(fields["ms"]), note
+    return float(fields["ms"]), note, float(fields["bwd_ms"]) if backward else float("nan")
+
+
+def sdpa_dense(q, k, v, n, mask_mod, modifier):
+    """(ms, note) of SDPA's cuDNN backend with the case as a dense mask or bias (n/a where none says it)."""
+    if modifier == "softcap":
+        return float("nan"), "n/a: cap·tanh(s/cap) is no additive mask"
+    dense, kind = (dense_alibi_bias(n), "bf16 ALiBi bias") if modifier == "alibi" else (dense_mask(n, mask_mod), "bool mask")
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), kind
+    except RuntimeError as e:
+        return float("nan"), "refused: " + str(e).splitlines()[0][:120]
 
 
 def main():
@@ -234,7 +249,8 @@ def main():
     ap.add_argument("--cases", choices=("masks", "modifiers", "all"), default="all")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
-    ap.add_argument("--backward", action="store_true", help="time forward + backward")
+    ap.add_argument("--backward", action="store_true", help="time forward + backward, and the backward alone")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every implementation in turn (median reported)")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     commit = os.environ.get("FA_COMMIT", "unknown")
@@ -248,50 +264,62 @@ def main():
     w.writerow(["device", "commit", "date", "impl", "seq", "heads", "head_dim", "mask", "ms", "tflops", "note"])
     for n in args.seqs:
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        do = torch.randn_like(q)
         for name, window, lengths, modifier in cases(n, args.cases):
-            flops = 4.0 * HEAD_DIM * visible_pairs(n, window, lengths) * HEADS * (3.5 if args.backward else 1.0)
-            results = []
-            ms, note = run_stage13(args.bench13, n, window, lengths, modifier, args.backward)
-            results.append(("stage13_hopper", ms, note))
+            fwd_flops = 4.0 * HEAD_DIM * visible_pairs(n, window, lengths) * HEADS
             mask_mod, score_mod = mask_mod_for(n, window, lengths), SCORE_MODS[modifier]
             block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
+            # Each timer returns {impl: (ms, note)}; work[impl] is the FLOP count of that row.
             if args.backward:
                 qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-                do = torch.randn_like(q)
+                held = flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask)  # the graph the backward reruns
 
-                def forward_backward():
+                def stage13():  # one run of the program times both
+                    ms, note, bwd_ms = run_stage13(args.bench13, n, window, lengths, modifier, backward=True)
+                    return {"stage13_hopper": (ms, note),
+                            "stage13_hopper_bwd": (bwd_ms, "backward alone (the program's own timing)")}
+
+                def flex_forward_backward():
                     out = flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask)
                     torch.autograd.grad(out, (qg, kg, vg), do)
 
-                results.append(("flex_attention", time_ms(forward_backward),
-                                f"forward + backward; block mask sparsity {block_mask.sparsity():.1f}%"))
-                for impl, ms, note in results:
-                    row = [device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
-                           f"{flops / (ms * 1e-3) / 1e12:.1f}", note]
-                    w.writerow(row)
-                    out.flush()
-                    print(",".join(map(str, row)), flush=True)
-                continue
-            results.append(("flex_attention", time_ms(lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)),
-                            f"block mask sparsity {block_mask.sparsity():.1f}%"))
-            if modifier == "softcap":
-                results.append(("sdpa_cudnn_dense_mask", float("nan"), "n/a: cap·tanh(s/cap) is no additive mask"))
+                def flex_timings():
+                    sparsity = f"block mask sparsity {block_mask.sparsity():.1f}%"
+                    backward = lambda: torch.autograd.grad(held, (qg, kg, vg), do, retain_graph=True)  # noqa: E731
+                    return {"flex_attention": (time_ms(flex_forward_backward), "forward + backward; " + sparsity),
+                            "flex_attention_bwd": (time_ms(backward), "backward alone (autograd.grad, graph retained)")}
+
+                timers = [stage13, flex_timings]
+                work = {"stage13_hopper": 3.5 * fwd_flops, "flex_attention": 3.5 * fwd_flops,
+                        "stage13_hopper_bwd": 2.5 * fwd_flops, "flex_attention_bwd": 2.5 * fwd_flops}
             else:
-                dense, kind = (dense_alibi_bias(n), "bf16 ALiBi bias") if modifier == "alibi" else \
-                    (dense_mask(n, mask_mod), "bool mask")
-                try:
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        results.append(("sdpa_cudnn_dense_mask",
-                                        time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), kind))
-                except RuntimeError as e:
-                    results.append(("sdpa_cudnn_dense_mask", float("nan"), "refused: " + str(e).splitlines()[0][:120]))
-                del dense
-            for impl, ms, note in results:
+                def stage13():
+                    return {"stage13_hopper": run_stage13(args.bench13, n, window, lengths, modifier)[:2]}
+
+                def flex_timings():
+                    return {"flex_attention": (time_ms(lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)),
+                                               f"block mask sparsity {block_mask.sparsity():.1f}%")}
+
+                timers = [stage13, flex_timings, lambda: {"sdpa_cudnn_dense_mask": sdpa_dense(q, k, v, n, mask_mod, modifier)}]
+                work = {impl: fwd_flops for impl in ("stage13_hopper", "flex_attention", "sdpa_cudnn_dense_mask")}
+            # Rounds: every timer once per round, in turn, so that none always runs right after
+            # the same other; the median round per implementation is reported.
+            runs = {}
+            for _ in range(args.rounds):
+                for timer in timers:
+                    for impl, result in timer().items():
+                        runs.setdefault(impl, []).append(result)
+            for impl, results in runs.items():
+                ms, note = sorted(results, key=lambda r: (math.isnan(r[0]), r[0]))[len(results) // 2]
+                if args.rounds > 1 and not math.isnan(ms):
+                    note += f"; median of {args.rounds} rounds"
                 row = [device, commit, date, impl, n, HEADS, HEAD_DIM, name, f"{ms:.4f}",
-                       f"{flops / (ms * 1e-3) / 1e12:.1f}", note]
+                       f"{work[impl] / (ms * 1e-3) / 1e12:.1f}", note]
                 w.writerow(row)
                 out.flush()
                 print(",".join(map(str, row)), flush=True)
+            if args.backward:
+                del held
     out.close()
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Stage 13's timing tables (scripts/bench/bench_masks.py's CSVs) for its notes: with --forward,
 per N and case the stage's forward beside flex_attention's and SDPA cuDNN's with a dense mask or
-bias, the stage's TFLOP/s and its speed over flex; with --backward, forward + backward, the
-stage's backward alone, and flex_attention's forward + backward. × = flex's time over the
-stage's (> 1: the stage is faster). Needs no torch.
+bias, the stage's TFLOP/s and its speed over flex; with --backward, forward + backward and the
+backward alone, the stage's beside flex_attention's (a CSV from before the backward-alone rows
+*_bwd gives the stage's from its note, and flex's as n/a). × = flex's time over the stage's
+(> 1: the stage is faster). Needs no torch.
 
   python3 scripts/results/stage13_tables.py --forward docs/results/h200_stage13_masks.csv
   python3 scripts/results/stage13_tables.py --backward docs/results/h200_stage13_masks_bwd.csv
@@ -41,8 +42,9 @@ def main(mode, path):
         print("| $N$ | case | stage 13 | `flex_attention` | SDPA cuDNN, dense mask or bias | stage 13 TFLOP/s | × flex |")
         print("|--:|:--|--:|--:|--:|--:|--:|")
     else:
-        print("| $N$ | case | stage 13 fwd + bwd | its backward alone | `flex_attention` fwd + bwd | × flex |")
-        print("|--:|:--|--:|--:|--:|--:|")
+        print("| $N$ | case | stage 13 fwd + bwd | `flex_attention` fwd + bwd | × flex | stage 13 bwd "
+              "| `flex_attention` bwd | × flex, bwd |")
+        print("|--:|:--|--:|--:|--:|--:|--:|--:|")
     for n, mask in sorted(order, key=lambda k: k[0]):  # by N, cases in the run's order
         m = by[(n, mask)]
         ours, flex = m["stage13_hopper"], m["flex_attention"]
@@ -51,8 +53,14 @@ def main(mode, path):
             print(f"| {n} | {case_label(mask, n)} | {ms(ours)} | {ms(flex)} | {ms(m.get('sdpa_cudnn_dense_mask'))} | "
                   f"{float(ours['tflops']):.0f} | {speed} |")
         else:
-            alone = float(re.search(r"backward alone ([0-9.]+) ms", ours["note"]).group(1))
-            print(f"| {n} | {case_label(mask, n)} | {ms(ours)} | {alone:.3f} | {ms(flex)} | {speed} |")
+            if "stage13_hopper_bwd" in m:
+                alone = float(m["stage13_hopper_bwd"]["ms"])
+            else:
+                alone = float(re.search(r"backward alone ([0-9.]+) ms", ours["note"]).group(1))
+            flex_bwd = m.get("flex_attention_bwd")
+            bwd_speed = f"{float(flex_bwd['ms']) / alone:.2f}×" if flex_bwd else "n/a"
+            print(f"| {n} | {case_label(mask, n)} | {ms(ours)} | {ms(flex)} | {speed} | {alone:.3f} | {ms(flex_bwd)} "
+                  f"| {bwd_speed} |")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@
 //      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
 //    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
 //      dS = P∘(dP − D)∘f'     (the gradient with respect to x; dK, dQ take the scale as in stage 11)
-//    Whether the score is modified is a template argument (kModified): without, P is stage
-//    11's, its exponentials computed while dPᵀ is still in the tensor cores; with, cap and
-//    slope are run-time values (uniform branches) and P and dS are made together after both
-//    products, f'(x) being known only while P is. Two kernels per head dim and dtype.
+//    The score is a template argument (BwdScore). Plain: P is stage 11's, its exponentials
+//    computed while dPᵀ is still in the tensor cores. ALiBi alone: f' = 1, so dS is the
+//    plain one and only P changes; the bias slope·(key − diag) joins the exponent, and P is
+//    made under dPᵀ as in the plain kernel. Capped (soft-cap, with or without ALiBi): cap
+//    and slope are run-time values (uniform branches), and P and dS are made together after
+//    both products, f'(x) being known only while P is. Three kernels per head dim and dtype.
 //  - sinks. L already holds the sink (the forward's epilogue), so P is right as it stands;
 //    dσ_h = −Σ_rows e^{σ_h − L_i}·D_i is summed by the preprocess kernel, which has D_i.
 //  - the scratch (L2, D, dQ_accum) is padded per document (kDocumentPad rows), so a query
@@ -162,7 +164,8 @@ __global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
 
 /// What a step's elementwise math needs besides the fragments.
 struct StepScore {
-  float cap, inv_cap, slope;  ///< soft-cap (0: off) and 1/cap, the head's ALiBi slope (0: off); kModified only
+  float cap, inv_cap, slope;  ///< soft-cap (0: off) and 1/cap, the head's ALiBi slope (0: off); Capped only
+  float slope_log2;           ///< the head's ALiBi slope times log2 e; Alibi only
   int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
 
@@ -176,18 +179,31 @@ __device__ inline bool visible(const DocumentMask& doc, int query, int key) {
 /// element 4j + 2r + e is key fragment_row(r), query fragment_col(j, e)): Sᵀ becomes
 /// Pᵀ = 2^{s·scale_log2 − L2}, and with kMasked 0 where the row does not see the key. L2 is
 /// a column value here, read from the step's statistics in shared memory.
-template <int B_r, bool kMasked>
+/// With kAlibi the exponent gains the bias the forward added to the logit, in log2 units
+/// b·(key − diag(query)), b = slope·log2 e. Split at the warpgroup's first key key0 into a
+/// row part, b·(key − key0), and a column part, b·(diag(query) − key0), the column part
+/// joins L2 and the elementwise cost is one add.
+template <int B_r, bool kMasked, bool kAlibi>
 __device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const StepScore& sc,
                                      const DocumentMask& doc, float scale_log2) {
+  float row_bias[2] = {};  // b·(key − key0) of the thread's two key rows
+  if constexpr (kAlibi)
+    for (int r = 0; r < 2; ++r) row_bias[r] = sc.slope_log2 * float(fragment_row(r));
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j) {
-    const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+    float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
+    if constexpr (kAlibi) {
+      const int first = doc.diagonal(sc.query0 + fragment_col(j, 0)) - sc.key0;  // diag(query) − key0, e = 0
+      l.x = fmaf(sc.slope_log2, float(first), l.x);
+      l.y = fmaf(sc.slope_log2, float(first + 1), l.y);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int x_at = 4 * j + 2 * r + e;
-        const float prob = fast_exp2(fmaf(s[x_at], scale_log2, -(e == 0 ? l.x : l.y)));
+        const float l_col = e == 0 ? l.x : l.y;
+        const float prob = fast_exp2(fmaf(s[x_at], scale_log2, kAlibi ? row_bias[r] - l_col : -l_col));
         s[x_at] = kMasked && !visible(doc, sc.query0 + fragment_col(j, e), sc.key0 + fragment_row(r)) ? 0.f : prob;
       }
   }
@@ -205,15 +221,16 @@ __device__ inline void ds_from_dp(const float (&p)[B_r / 2], float (&dp)[B_r / 2
 }
 
 //! [backward elementwise]
-/// The modified score, in place on the fragments of Sᵀ and dPᵀ (laid out as in
+/// The capped score, in place on the fragments of Sᵀ and dPᵀ (laid out as in
 /// probabilities): Sᵀ becomes Pᵀ and dPᵀ becomes dSᵀ, the gradient with respect to x = scale·s:
-///   x' = f(x) (soft-cap, ALiBi), P = 2^{x'·log2 e − L2}, P = 0 where the row does not see
-///   the key (a masked step), dS = P·(dP − D)·f'(x).
+///   x' = f(x) = cap·tanh(x/cap) + slope·(key − diag) (slope 0: no ALiBi),
+///   P = 2^{x'·log2 e − L2}, P = 0 where the row does not see the key (a masked step),
+///   dS = P·(dP − D)·f'(x), f'(x) = 1 − tanh²(x/cap).
 /// f'(x) is known only here, so P and dS are made together, after both products. (`masked`
 /// as a template argument, as in probabilities, made two copies of this loop, and the kernel
 /// spilled: 48 bytes per thread at d = 128, 152 at d = 64.)
 template <int B_r>
-__device__ inline void modified_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
+__device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
                                                      const float* dd, const StepScore& sc, const DocumentMask& doc,
                                                      float scale, bool masked) {
 #pragma unroll
@@ -226,13 +243,9 @@ __device__ inline void modified_probabilities_and_ds(float (&s)[B_r / 2], float 
       for (int e = 0; e < 2; ++e) {
         const int x_at = 4 * j + 2 * r + e;
         const int key = sc.key0 + fragment_row(r), query = sc.query0 + fragment_col(j, e);
-        float x = s[x_at] * scale, slope_of_f = 1.f;  // slope_of_f: f'(x)
-        if (sc.cap > 0.f) {
-          const float t = tanhf(x * sc.inv_cap);
-          x = sc.cap * t;
-          slope_of_f = 1.f - t * t;
-        }
-        x += sc.slope * float(key - doc.diagonal(query));
+        const float t = tanhf(s[x_at] * scale * sc.inv_cap);
+        const float slope_of_f = 1.f - t * t;  // f'(x)
+        const float x = fmaf(sc.slope, float(key - doc.diagonal(query)), sc.cap * t);
         float prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
         if (masked && !visible(doc, query, key)) prob = 0.f;
         s[x_at] = prob;
@@ -258,9 +271,13 @@ __device__ inline void write_key_rows(const float (&acc)[d / 2], float mul, void
   }
 }
 
-/// kModified: soft-cap or ALiBi (their values are run-time, uniform over the grid); without,
-/// the plain score of stage 11, its exponentials under the dPᵀ product.
-template <int d, class Elem, bool kModified>
+/// The score a backward kernel is built for (the launcher picks by the modifiers).
+enum class BwdScore { Plain, Alibi, Capped };
+
+/// kScore: Plain, Alibi (P under the dPᵀ product as in the plain kernel, the bias in its
+/// exponent) or Capped (soft-cap, with or without ALiBi: cap and slope run-time values,
+/// uniform over the grid; P and dS after both products).
+template <int d, class Elem, BwdScore kScore>
 __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __grid_constant__ MaskedBwdParams p) {
   using R = BwdRoles<d>;
   constexpr int B_c = R::kBlockN, B_r = R::kBlockM, kStages = R::kStages;
@@ -294,9 +311,9 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   const int dq_rows = d == 64 ? c : 0, dq_cols = d == 64 ? 0 : c;
   StepScore sc{};
   sc.key0 = key0;
-  if constexpr (kModified) {
+  if constexpr (kScore == BwdScore::Capped) {
     sc.cap = p.softcap;
-    sc.inv_cap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
+    sc.inv_cap = 1.f / p.softcap;
   }
 
   float dv[d / 2] = {}, dk[d / 2] = {};  // dV_c, dK_c: [64 keys, d]
@@ -318,20 +335,22 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     //! [backward asks the mask]
     sc.query0 = query0;
     uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ and dSᵀ as A fragments
-    if constexpr (kModified) {
+    if constexpr (kScore == BwdScore::Capped) {
       sc.slope = p.alibi_slopes ? p.alibi_slopes[work.bh(n) % p.heads] : 0.f;
       wgmma_wait<0>();
       fence_registers(st);
       fence_registers(dpt);
-      modified_probabilities_and_ds<B_r>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), sc, doc, p.scale, masked);
+      capped_probabilities_and_ds<B_r>(st, dpt, sm.l2_stage(s), sm.dd_stage(s), sc, doc, p.scale, masked);
       stage10::pack_p<B_r, Elem>(st, p_frag);
     } else {
+      constexpr bool kAlibi = kScore == BwdScore::Alibi;
+      if constexpr (kAlibi) sc.slope_log2 = p.alibi_slopes[work.bh(n) % p.heads] * kLog2e;
       wgmma_wait<1>();  // Sᵀ is done; dPᵀ may still run
       fence_registers(st);
       if (masked)
-        probabilities<B_r, true>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
+        probabilities<B_r, true, kAlibi>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
       else
-        probabilities<B_r, false>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
+        probabilities<B_r, false, kAlibi>(st, sm.l2_stage(s), sc, doc, p.scale_log2);
       stage10::pack_p<B_r, Elem>(st, p_frag);
       wgmma_wait<0>();
       fence_registers(dpt);
@@ -367,12 +386,14 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   write_key_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
 }
 
-StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool modified) {
+StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool softcap, bool alibi) {
   return instantiate_step<64, 128>("13_masks", "hopper backward", d, dtype, [&](auto dim, auto elem) {
     constexpr int D = decltype(dim)::value;
     using Elem = decltype(elem);
-    return make_step_kernel(modified, masked_bwd<D, Elem, true>, masked_bwd<D, Elem, false>,
-                            Threads{BwdRoles<D>::kThreads}, BlockRows{BwdRoles<D>::kBlockM},
+    auto* fn = softcap ? masked_bwd<D, Elem, BwdScore::Capped>
+               : alibi ? masked_bwd<D, Elem, BwdScore::Alibi>
+                       : masked_bwd<D, Elem, BwdScore::Plain>;
+    return make_step_kernel(fn, Threads{BwdRoles<D>::kThreads}, BlockRows{BwdRoles<D>::kBlockM},
                             BlockCols{BwdRoles<D>::kBlockN}, SmemBytes{BwdPlan<D>::bytes_to_allocate});
   });
 }

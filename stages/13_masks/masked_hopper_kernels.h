@@ -14,9 +14,9 @@ namespace fa::stage13 {
 StepKernel masked_hopper_kernel(int d, Dtype dtype, bool softcap, bool alibi);
 
 /// The backward kernel for head dim d (64, 128) and dtype (bf16, f16): one block per (key
-/// tile, kv head, batch); `modified`: soft-cap or ALiBi, or both (their values are read at
-/// run time), else the plain score (masked_hopper_bwd.cu).
-StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool modified);
+/// tile, kv head, batch), built for the score: soft-cap (with or without ALiBi; cap and
+/// slope read at run time), ALiBi alone, or the plain score (masked_hopper_bwd.cu).
+StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool softcap, bool alibi);
 /// Around it: D, L2 (and dσ) into the padded scratch before; dQ from dQ_accum after.
 void launch_masked_prep(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);
 void launch_masked_convert_dq(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);

@@ -276,7 +276,7 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
     }
     return;
   }
-  const StepKernel k = masked_hopper_bwd_kernel(d, dtype, m.softcap > 0 || !m.alibi_slopes.empty());
+  const StepKernel k = masked_hopper_bwd_kernel(d, dtype, m.softcap > 0, !m.alibi_slopes.empty());
 
   // The documents of the forward's work list, and the keys past the last document as one
   // more with no queries (their dK, dV are 0, written by that document's blocks).
