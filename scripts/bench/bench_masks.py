@@ -276,6 +276,13 @@ def main():
     device = torch.cuda.get_device_name()
     commit = os.environ.get("FA_COMMIT", "unknown")
     date = datetime.date.today().isoformat()
+    # Every case compiles flex_attention anew (its mask and score closures differ, and N): allow
+    # them all, keep each compiled for its own N (static shapes, as a model of one length gets),
+    # and stop rather than fall back to the eager path, which materializes S (that fallback, at
+    # the default limit of 8, once made a run's later cases 20–40 times slower).
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     flex = torch.compile(flex_attention)
     core.library(args.fa_lib)
     if not check(flex, args.cases):
