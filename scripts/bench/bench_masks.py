@@ -34,7 +34,9 @@ the events around torch.autograd.grad only (its compiled backward donates buffer
 cannot be run backward twice). SDPA is not timed then.
 
 Rounds (--rounds, default 3): every implementation of a case is timed once per round, in turn,
-and the median round is reported, so that none is always timed right after the same other.
+the order reversed every other round, so that none is always timed right after the same other.
+Each row reports its median round (the upper middle for an even count), picked per row: a
+stage's forward + backward and its backward alone may come from different rounds.
 
 Columns: device,commit,date,impl,seq,heads,head_dim,mask,ms,tflops,note
 """
@@ -102,13 +104,17 @@ def time_ms(fn, repeats=10, calls=10):
 
 def time_backward_ms(forward, backward, repeats=10, calls=10):
     """As time_ms, for the second half of a forward-backward pair: each call runs forward() untimed,
-    then backward(its result) between two events; the mean over `calls`, median of `repeats`."""
+    then backward(its result) between two events; the mean over `calls`, median of `repeats`.
+    A GPU sleep of about a millisecond is queued before each pair, so that the host has queued
+    the backward before the GPU reaches the first event (else a host slower than the GPU's
+    forward puts its own time between the events)."""
     for _ in range(3):
         backward(forward())
     times = []
     for _ in range(repeats):
         events = []
         for _ in range(calls):
+            torch.cuda._sleep(2_000_000)  # clock cycles: about 1 ms at the H100's and H200's clocks
             out = forward()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -279,7 +285,7 @@ def main():
     # Every case compiles flex_attention anew (its mask and score closures differ, and N): allow
     # them all, keep each compiled for its own N (static shapes, as a model of one length gets),
     # and stop rather than fall back to the eager path, which materializes S (that fallback, at
-    # the default limit of 8, once made a run's later cases 20–40 times slower).
+    # the default limit of 8, made a run's last case at each N 16–30 times slower).
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.fail_on_recompile_limit_hit = True
@@ -330,11 +336,12 @@ def main():
 
                 timers = [stage13, flex_timings, lambda: {"sdpa_cudnn_dense_mask": sdpa_dense(q, k, v, n, mask_mod, modifier)}]
                 work = {impl: fwd_flops for impl in ("stage13_hopper", "flex_attention", "sdpa_cudnn_dense_mask")}
-            # Rounds: every timer once per round, in turn, so that none always runs right after
-            # the same other; the median round per implementation is reported.
+            # Rounds: every timer once per round, in turn, the order reversed every other round,
+            # so that no implementation is always timed right after the same other; the median
+            # round per implementation is reported.
             runs = {}
-            for _ in range(args.rounds):
-                for timer in timers:
+            for r in range(args.rounds):
+                for timer in (timers if r % 2 == 0 else timers[::-1]):
                     for impl, result in timer().items():
                         runs.setdefault(impl, []).append(result)
             for impl, results in runs.items():

@@ -21,8 +21,9 @@
 //    computed while dPᵀ is still in the tensor cores. ALiBi alone: f' = 1, so dS is the
 //    plain one and only P changes; the bias slope·(key − diag) joins the exponent, and P is
 //    made under dPᵀ as in the plain kernel. Capped (soft-cap, with or without ALiBi): cap
-//    and slope are run-time values (uniform branches), and P and dS are made together after
-//    both products, f'(x) being known only while P is. Three kernels per head dim and dtype.
+//    and slope are run-time values (a slope of 0 without ALiBi), and P and dS are made
+//    together after both products, f'(x) being known only while P is. Three kernels per head
+//    dim and dtype.
 //  - sinks. L already holds the sink (the forward's epilogue), so P is right as it stands;
 //    dσ_h = −Σ_rows e^{σ_h − L_i}·D_i is summed by the preprocess kernel, which has D_i.
 //  - the scratch (L2, D, dQ_accum) is padded per document (kDocumentPad rows), so a query
@@ -164,7 +165,7 @@ __global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
 
 /// What a step's elementwise math needs besides the fragments.
 struct StepScore {
-  float cap, inv_cap, slope;  ///< soft-cap (0: off) and 1/cap, the head's ALiBi slope (0: off); Capped only
+  float cap, inv_cap, slope;  ///< soft-cap (> 0) and 1/cap, the head's ALiBi slope (0: off); Capped only
   float slope_log2;           ///< the head's ALiBi slope times log2 e; Alibi only
   int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
