@@ -45,6 +45,7 @@ bool masks_rows(const fa::Problem& tour_problem, fa::Tensors& tensors, bool back
   p.causal = true;
   fa::Modifiers m;
   m.window_left = std::max<int64_t>(1, p.seq_k / 4);
+  m.window_right = 0;  // what causal implies, so that the note reads "window=(N/4,0)"
   m.validate(p, "tour");
   int64_t visible = 0;
   for (int64_t row = 0; row < p.seq_q; ++row)
