@@ -222,6 +222,24 @@ def check_page(browser: Browser, page: Path, width: int, blank: bool = True):
     return failures, notes
 
 
+# Runs in the reader before the click on a code quote's file label: window.faClickWatch
+# resolves to true once the pane's message (docs/pane.js) has been handled and the handler
+# changed the hash or the source pane (the reader's listener runs before this one, in the same
+# dispatch), to false when the message changed neither or the notes pane loaded another page
+# (no message: the link was followed), and to null after 5 s without either.
+CLICK_WATCH = r"""(() => {
+  const source = document.getElementById('source'), notes = document.getElementById('notes');
+  const state = () => location.hash + ' ' + source.getAttribute('src');
+  const before = state();
+  window.faClickWatch = new Promise(done => {
+    window.addEventListener('message', () => done(state() !== before), {once: true});
+    notes.addEventListener('load', () => done(false), {once: true});
+    setTimeout(() => done(null), 5000);
+  });
+  return 0;
+})()"""
+
+
 def check_reader(browser: Browser, reader: Path, stage: str, width: int = 1920, height: int = 1000):
     """Failures of the side-by-side reader (reader.html#<stage>) at a full-screen window:
     its notes pane must show the page without Doxygen's header and navigation tree
@@ -253,17 +271,20 @@ def check_reader(browser: Browser, reader: Path, stage: str, width: int = 1920, 
         if shown:
             failures.append(f"{name}#{stage}: the notes pane shows Doxygen's #{shown} (the page does not "
                             f"load pane.js, or style.css does not hide it in a pane)")
+        browser.evaluate(CLICK_WATCH)
         href = in_notes("(() => { const a = document.querySelector('div.snippetfile a');"
                         " if (!a) return null; a.click(); return a.getAttribute('href'); })()")
         if not href:
             return failures + [f"{name}#{stage}: the notes have no code quote with a file label"]
+        # The source pane may follow a moment later (the reader sets the hash, and its
+        # hashchange sets the pane): waited for while the reader acted on the click's message;
+        # where it did not (no handler, no message), nothing will change it.
+        acted = browser.evaluate("window.faClickWatch", wait=True)
         deadline = time.monotonic() + 5
-        source = None
-        while time.monotonic() < deadline:
-            source = browser.evaluate("document.getElementById('source').getAttribute('src')")
-            if source == href:
-                break
+        source = browser.evaluate("document.getElementById('source').getAttribute('src')")
+        while acted and source != href and time.monotonic() < deadline:
             time.sleep(0.05)
+            source = browser.evaluate("document.getElementById('source').getAttribute('src')")
         if source != href:
             failures.append(f"{name}#{stage}: a click on the code quote's file label ({href}) did not open "
                             f"the source pane there (it shows {source})")
