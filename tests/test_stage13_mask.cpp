@@ -133,7 +133,8 @@ TEST_CASE("13 hopper: the document mask against the reference's mask, tile by ti
 
 TEST_CASE("13 hopper backward: the query tiles of a key tile are exactly those that see it") {
   // query_tile_range (two binary searches) against classify() over every query tile, and
-  // against the reference's mask: a tile outside the range sees no key of the key tile.
+  // against the reference's mask: a tile outside the range sees no key of the key tile. And
+  // the band test of the backward's masked steps (in_band) against keep(), element by element.
   int64_t pairs = 0;
   for (bool causal : {false, true})
     for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}, {1000, 1000}})
@@ -151,6 +152,12 @@ TEST_CASE("13 hopper backward: the query tiles of a key tile are exactly those t
             CAPTURE(wr);
             CAPTURE(B_r);
             CAPTURE(j);
+            if (B_r == 64) {  // the backward's element test: the band of differences is keep()
+              int differ = 0;
+              for (int row = 0; row < n_q; ++row)
+                for (int k = j * 128; k < std::min((j + 1) * 128, n_k); ++k) differ += mask.in_band(row, k) != mask.keep(row, k);
+              CHECK(differ == 0);
+            }
             for (int i = 0; i * B_r < n_q; ++i) {
               const bool inside = range.first <= i && i < range.end;
               CHECK(inside == (mask.classify(i * B_r, B_r, j, 128) != s13::GpuTileKind::Skip));
@@ -164,3 +171,37 @@ TEST_CASE("13 hopper backward: the query tiles of a key tile are exactly those t
   CHECK(pairs > 1000);
 }
 
+
+TEST_CASE("13 hopper backward: the block order runs every (key tile, row) once, longest first in each group") {
+  // The order is a bijection from block indices onto (key tile, kv-head row); inside a group of
+  // rows the key tiles come in order (a document's first key tiles are its longest under the
+  // causal mask), and the group size gives about one wave of blocks.
+  CHECK(s13::bwd_row_group(132, 32, 16) == 4);  // N = 4096, B_c = 128, 16 heads: 4 rows × 32 tiles
+  CHECK(s13::bwd_row_group(132, 128, 16) == 1);
+  CHECK(s13::bwd_row_group(132, 8, 4) == 4);    // never more rows than there are
+  CHECK(s13::bwd_row_group(132, 0, 3) == 3);
+  for (int key_tiles : {1, 5, 32, 33})
+    for (int rows : {1, 3, 16, 17})
+      for (int group : {1, 2, 4, 5, rows}) {
+        if (group > rows) continue;
+        const s13::BwdBlockOrder order{key_tiles, rows, group};
+        CAPTURE(key_tiles);
+        CAPTURE(rows);
+        CAPTURE(group);
+        std::vector<int> seen(size_t(key_tiles * rows), 0);
+        int last_group = 0, last_tile = 0;
+        for (int b = 0; b < key_tiles * rows; ++b) {
+          int tile = -1, row = -1;
+          order.at(b, tile, row);
+          REQUIRE((0 <= tile && tile < key_tiles && 0 <= row && row < rows));
+          ++seen[size_t(row * key_tiles + tile)];
+          const int g = row / group;
+          CHECK(g >= last_group);                                  // the groups in turn
+          if (g == last_group) CHECK(tile >= last_tile);           // inside one, the key tiles in order
+          if (g != last_group) CHECK(tile == 0);
+          last_group = g;
+          last_tile = tile;
+        }
+        for (int count : seen) CHECK(count == 1);
+      }
+}

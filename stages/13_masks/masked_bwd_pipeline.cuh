@@ -61,13 +61,14 @@ struct BwdWork {
   __device__ int tile(int n) const { return tiles.first + n % tiles.count(); }
 };
 
-/// Block (x, kv head y, batch z): x counts the key tiles of all documents in turn; the
-/// document is the last whose first key tile is ≤ x (an empty one shares its first key tile
-/// with the next, which is then chosen).
+/// Block b: key tile x and kv-head row (batch · kv_heads + kv head) of p.order.at(b). x counts
+/// the key tiles of all documents in turn; the document is the last whose first key tile is
+/// ≤ x (an empty one shares its first key tile with the next, which is then chosen).
 template <int d>
 __device__ inline BwdWork bwd_work(const MaskedBwdParams& p) {
   using R = BwdRoles<d>;
-  const int x = int(blockIdx.x);
+  int x = 0, row = 0;
+  p.order.at(int(blockIdx.x), x, row);
   int lo = 0, hi = p.documents - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -79,9 +80,9 @@ __device__ inline BwdWork bwd_work(const MaskedBwdParams& p) {
   w.k_start = p.cu_k[lo];
   w.mask = {p.cu_q[lo + 1] - w.q_start, p.cu_k[lo + 1] - w.k_start, p.window_left, p.window_right};
   w.j = x - p.first_key_tile[lo];
-  const int group = p.heads / p.kv_heads;
-  w.bkv = int(blockIdx.z) * p.kv_heads + int(blockIdx.y);
-  w.first_bh = int(blockIdx.z) * p.heads + int(blockIdx.y) * group;
+  const int group = p.heads / p.kv_heads, batch = row / p.kv_heads, kv_head = row % p.kv_heads;
+  w.bkv = row;
+  w.first_bh = batch * p.heads + kv_head * group;
   w.tiles = w.mask.query_tile_range(w.j, R::kBlockM, R::kBlockN);
   w.steps = group * w.tiles.count();
   return w;

@@ -10,9 +10,10 @@
 //    all documents), and the query tiles a block visits are the transpose of the forward's
 //    question: DocumentMask::query_tile_range, the tiles whose classify() of this key tile
 //    is not Skip — the same classify the forward asks, so a pair the forward skips is
-//    skipped here. A step is computed unmasked when classify says Full and the query tile
-//    ends inside the document; otherwise P = 0 wherever keep() says no (and for rows past the
-//    document's end, which belong to the next document).
+//    skipped here. A step is computed unmasked when classify says Full; otherwise P = 0
+//    wherever keep() says no, tested as DocumentMask's band (one comparison per element).
+//    Rows past the document's end (the next document's, in its last query tile) need no
+//    test: their statistics are the document's padding, L2 = +∞, so their P is 0.
 //  - the score. With s the raw product and x = scale·s, the forward's logit is
 //      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
 //    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
@@ -61,6 +62,7 @@
 #include "step_table.cuh"
 
 namespace fa::stage13 {
+
 
 using stage10::fast_exp2;
 using stage10::fragment_col;
@@ -170,10 +172,27 @@ struct StepScore {
   int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
 
-/// Whether query row `query` of the document sees key `key` (a row past the document's end
-/// is the next document's, and sees none of these keys).
-__device__ inline bool visible(const DocumentMask& doc, int query, int key) {
-  return query < doc.n_q && doc.keep(query, key);
+/// The masked step's element test, one subtraction and one comparison per element
+/// (DocumentMask's band): key k of the document is seen by query i < n_q exactly when
+/// unsigned(k − i − band_lo) ≤ span. For the thread's key row r and query column
+/// fragment_col(j, e) = fragment_col(0, 0) + 8j + e, k − i − band_lo is first[r] − (8j + e).
+/// A key past the document's end (the next document's, in the tile's last rows) gets a first
+/// far below every band. A query row past the document's end needs no test: its statistics
+/// are the document's padding, L2 = +∞, so P = 2^{x − ∞} = 0 there already.
+struct BandTest {
+  int first[2];
+  unsigned span;
+  __device__ bool sees(int r, int j, int e) const { return unsigned(first[r] - (8 * j + e)) <= span; }
+};
+
+__device__ inline BandTest band_test(const DocumentMask& doc, int key0, int query0) {
+  BandTest t;
+  t.span = doc.band_span();
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + fragment_row(r);
+    t.first[r] = key < doc.n_k ? key - query0 - fragment_col(0, 0) - doc.band_lo() : -(1 << 30);
+  }
+  return t;
 }
 
 /// The plain score, in place, on one warpgroup's fragment of Sᵀ ([64 keys, B_r queries]:
@@ -188,6 +207,8 @@ template <int B_r, bool kMasked, bool kAlibi>
 __device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const StepScore& sc,
                                      const DocumentMask& doc, float scale_log2) {
   float row_bias[2] = {};  // b·(key − key0) of the thread's two key rows
+  BandTest band{};
+  if constexpr (kMasked) band = band_test(doc, sc.key0, sc.query0);
   if constexpr (kAlibi)
     for (int r = 0; r < 2; ++r) row_bias[r] = sc.slope_log2 * float(fragment_row(r));
 #pragma unroll
@@ -205,7 +226,7 @@ __device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const
         const int x_at = 4 * j + 2 * r + e;
         const float l_col = e == 0 ? l.x : l.y;
         const float prob = fast_exp2(fmaf(s[x_at], scale_log2, kAlibi ? row_bias[r] - l_col : -l_col));
-        s[x_at] = kMasked && !visible(doc, sc.query0 + fragment_col(j, e), sc.key0 + fragment_row(r)) ? 0.f : prob;
+        s[x_at] = kMasked && !band.sees(r, j, e) ? 0.f : prob;
       }
   }
 }
@@ -234,6 +255,7 @@ template <int B_r>
 __device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
                                                      const float* dd, const StepScore& sc, const DocumentMask& doc,
                                                      float scale, bool masked) {
+  const BandTest band = band_test(doc, sc.key0, sc.query0);
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j) {
     const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
@@ -248,7 +270,7 @@ __device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&
         const float slope_of_f = 1.f - t * t;  // f'(x)
         const float x = fmaf(sc.slope, float(key - doc.diagonal(query)), sc.cap * t);
         float prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
-        if (masked && !visible(doc, query, key)) prob = 0.f;
+        if (masked && !band.sees(r, j, e)) prob = 0.f;
         s[x_at] = prob;
         dp[x_at] = prob * (dp[x_at] - (e == 0 ? dv.x : dv.y)) * slope_of_f;
       }
@@ -331,8 +353,9 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     gemm_qk<d, B_r>(dpt, v_rows, B_c, sm.do_stage(s));
     wgmma_commit();
     //! [backward asks the mask]
-    // Masked: a partial pair, or a query tile that runs past the document's end.
-    const bool masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full || query0 + B_r > doc.n_q;
+    // Masked: a partial pair. (A query tile that runs past the document's end needs no mask
+    // for those rows: their L2 is the padding's +∞, so their P is 0.)
+    const bool masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full;
     //! [backward asks the mask]
     sc.query0 = query0;
     uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ and dSᵀ as A fragments
@@ -386,6 +409,7 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
   write_key_rows<d, Elem>(dv, 1.f, p.dV, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
   write_key_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
 }
+
 
 StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool softcap, bool alibi) {
   return instantiate_step<64, 128>("13_masks", "hopper backward", d, dtype, [&](auto dim, auto elem) {

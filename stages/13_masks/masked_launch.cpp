@@ -249,7 +249,6 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
                      const void* O, const float* L, const void* dO, void* dQ, void* dK, void* dV, float* dsinks,
                      cudaStream_t stream) {
   check_request(p, m, dtype);
-  require_grid_rows(kStageName, p);  // one grid row per kv head, one layer per batch
   const bool sinks = !m.sinks.empty();
   if (sinks && dsinks == nullptr)
     throw std::invalid_argument(std::string(kStageName) + ": dsinks is null, but the modifiers have sinks (their gradient goes there)");
@@ -293,6 +292,10 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
     first_key_tile.push_back(first_key_tile.back() + (n_k + k.block_cols - 1) / k.block_cols);
   }
   const int64_t n_pad = pad_first.back(), heads_total = int64_t(p.batch) * p.heads;
+  const int64_t kv_rows = int64_t(p.batch) * p.kv_heads, blocks = int64_t(first_key_tile.back()) * kv_rows;
+  if (blocks > INT32_MAX)
+    throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(blocks) +
+                                " backward blocks (key tiles × batch × kv heads) exceed the grid's 2^31 − 1");
   if (n_pad >= kNoBound)
     throw std::invalid_argument(std::string(kStageName) + ": the padded scratch of " + std::to_string(n_pad) +
                                 " rows per head is too large");
@@ -318,7 +321,7 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
   const auto* dev_floats = reinterpret_cast<const float*>(dev_ints + ints.size());
 
   MaskedBwdParams params{};
-  const int64_t kv_total = int64_t(p.batch) * p.kv_heads;
+  const int64_t kv_total = kv_rows;
   params.map_q = hopper::make_tensor_map(Q, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "Q");
   params.map_do = hopper::make_tensor_map(dO, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "dO");
   params.map_k = hopper::make_tensor_map(K, dtype, d, int(p.seq_k), kv_total, k.block_cols, kStageName, "K");
@@ -355,8 +358,12 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
 
   FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, stat_elems * size_t(d) * sizeof(float), stream));
   launch_masked_prep(params, dtype, d, stream);
-  const dim3 grid(unsigned(first_key_tile.back()), unsigned(p.kv_heads), unsigned(p.batch));
-  if (first_key_tile.back() > 0) {
+  int device = 0, sms = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  params.order = {first_key_tile.back(), int(kv_rows), bwd_row_group(sms, first_key_tile.back(), int(kv_rows))};
+  const dim3 grid{unsigned(blocks)};
+  if (blocks > 0) {
     void* args[] = {&params};
     launch(k, grid, args, stream);
     FA_CHECK_LAUNCH("13_masks hopper backward");

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "document_mask.h"
+
 namespace fa::stage13 {
 
 struct MaskedParams {
@@ -61,6 +63,7 @@ struct MaskedBwdParams {
   const int* cu_k;
   const int* pad_first;
   const int* first_key_tile;
+  BwdBlockOrder order;            ///< which (key tile, kv-head row) block x computes
   int window_left, window_right;  ///< kNoBound where absent; window_right ≤ 0 under the causal mask
   const float* alibi_slopes;      ///< [heads], or null
   const float* sinks;             ///< [heads], or null
