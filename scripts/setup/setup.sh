@@ -10,8 +10,8 @@
 #   scripts/setup/setup.sh --tour [build-dir]    (default: build) what the tour needs: the compilers'
 #                                          packages, then the tour program (every stage, CUDA
 #                                          ones included), the stages' own programs and
-#                                          libfa_c.so (target fa_tour: what a reader runs
-#                                          next); no docs, Python packages or tests.
+#                                          libfa_c.so (target fa_tour: all of stages/ that
+#                                          --tests builds); no docs, Python packages or tests.
 #                                          A later full setup installs the rest into the same
 #                                          build folder (it reconfigures, so what it installed
 #                                          is found)
