@@ -83,7 +83,7 @@ fi
 
 # PyTorch (from PyPI, about 60 s on a fresh machine): the native op (python/csrc) is built
 # against it, and the op's tests and the GPT capstone's CPU run need it. Looked up, not
-# imported (an import takes 1.4 s; the configure below imports it to find its headers).
+# imported (an import takes 1.4 s; the configure asks torch itself for its headers).
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
   echo "setup: installing torch from PyPI"
   python3 -m pip install -q --disable-pip-version-check torch
