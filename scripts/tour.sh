@@ -3,5 +3,5 @@
 # can run on one default problem, checked against the reference, in one table.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/scripts/setup/setup.sh" --tour "$root/build"  # the tour program only (scripts/test.sh builds the rest)
+"$root/scripts/setup/setup.sh" --tour "$root/build"  # the tour, the stages' programs, libfa_c.so (scripts/test.sh builds the tests)
 exec "$root/build/stages/tour" "$@"

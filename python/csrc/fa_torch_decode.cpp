@@ -37,9 +37,10 @@
 #include "fa_c.h"
 #include "fa_torch.h"
 
-namespace {
+// A named namespace, not an anonymous one: the op's three files are compiled as one translation
+// unit (CMakeLists.txt), where fa_torch.cpp's names and this file's would collide.
+namespace fa_torch::decode {
 
-using namespace fa_torch;
 using at::Tensor;
 using Decoded = std::tuple<Tensor, Tensor>;
 using Table = std::optional<Tensor>;
@@ -215,24 +216,26 @@ void append_kv_inplace_or_view(const Tensor& k_new, const Tensor& v_new, Tensor&
   torch::autograd::impl::bump_version(v_cache);
 }
 
-}  // namespace
+}  // namespace fa_torch::decode
 
 // The schemas are in fa_torch.cpp's TORCH_LIBRARY(fa_attention): one library, one definition.
 TORCH_LIBRARY_IMPL(fa_attention, CPU, m) {
-  m.impl("decode", &decode_impl);
-  m.impl("append_kv", &append_kv_impl);
+  m.impl("decode", &fa_torch::decode::decode_impl);
+  m.impl("append_kv", &fa_torch::decode::append_kv_impl);
 }
 
 #ifdef FA_TORCH_CUDA
 TORCH_LIBRARY_IMPL(fa_attention, CUDA, m) {
-  m.impl("decode", &decode_impl);
-  m.impl("append_kv", &append_kv_impl);
+  m.impl("decode", &fa_torch::decode::decode_impl);
+  m.impl("append_kv", &fa_torch::decode::append_kv_impl);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(fa_attention, Meta, m) {
-  m.impl("decode", &decode_meta);
-  m.impl("append_kv", &append_kv_meta);
+  m.impl("decode", &fa_torch::decode::decode_meta);
+  m.impl("append_kv", &fa_torch::decode::append_kv_meta);
 }
 
-TORCH_LIBRARY_IMPL(fa_attention, ADInplaceOrView, m) { m.impl("append_kv", &append_kv_inplace_or_view); }
+TORCH_LIBRARY_IMPL(fa_attention, ADInplaceOrView, m) {
+  m.impl("append_kv", &fa_torch::decode::append_kv_inplace_or_view);
+}

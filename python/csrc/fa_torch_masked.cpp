@@ -45,9 +45,10 @@
 #include "fa_c.h"
 #include "fa_torch.h"
 
-namespace {
+// A named namespace, not an anonymous one: the op's three files are compiled as one translation
+// unit (CMakeLists.txt), where fa_torch.cpp's names and this file's would collide.
+namespace fa_torch::masked {
 
-using namespace fa_torch;
 using at::Tensor;
 using Forward = std::tuple<Tensor, Tensor>;
 using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor>;
@@ -353,24 +354,24 @@ Forward forward_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool
   return {out[0], out[1]};
 }
 
-}  // namespace
+}  // namespace fa_torch::masked
 
 // The schemas are in fa_torch.cpp's TORCH_LIBRARY(fa_attention): one library, one definition.
 TORCH_LIBRARY_IMPL(fa_attention, CPU, m) {
-  m.impl("masked_forward", &forward_impl);
-  m.impl("masked_backward", &backward_impl);
+  m.impl("masked_forward", &fa_torch::masked::forward_impl);
+  m.impl("masked_backward", &fa_torch::masked::backward_impl);
 }
 
 #ifdef FA_TORCH_CUDA
 TORCH_LIBRARY_IMPL(fa_attention, CUDA, m) {
-  m.impl("masked_forward", &forward_impl);
-  m.impl("masked_backward", &backward_impl);
+  m.impl("masked_forward", &fa_torch::masked::forward_impl);
+  m.impl("masked_backward", &fa_torch::masked::backward_impl);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(fa_attention, Meta, m) {
-  m.impl("masked_forward", &forward_meta);
-  m.impl("masked_backward", &backward_meta);
+  m.impl("masked_forward", &fa_torch::masked::forward_meta);
+  m.impl("masked_backward", &fa_torch::masked::backward_meta);
 }
 
-TORCH_LIBRARY_IMPL(fa_attention, Autograd, m) { m.impl("masked_forward", &forward_autograd); }
+TORCH_LIBRARY_IMPL(fa_attention, Autograd, m) { m.impl("masked_forward", &fa_torch::masked::forward_autograd); }

@@ -9,7 +9,9 @@
 #                                          (scripts/test.sh --quick builds what it runs)
 #   scripts/setup/setup.sh --tour [build-dir]    (default: build) what the tour needs: the compilers'
 #                                          packages, then the tour program (every stage, CUDA
-#                                          ones included); no docs, Python packages or tests.
+#                                          ones included), the stages' own programs and
+#                                          libfa_c.so (target fa_tour: all of stages/ that
+#                                          --tests builds); no docs, Python packages or tests.
 #                                          A later full setup installs the rest into the same
 #                                          build folder (it reconfigures, so what it installed
 #                                          is found)
@@ -69,7 +71,7 @@ if ((tour == 1)); then
   if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
-  cmake --build "$build" -j "$(nproc)" --target tour
+  cmake --build "$build" -j "$(nproc)" --target fa_tour
   exit 0
 fi
 
@@ -80,8 +82,9 @@ if ! python3 -c "import numpy, matplotlib, nbclient, nbformat, ipykernel, markdo
 fi
 
 # PyTorch (from PyPI, about 60 s on a fresh machine): the native op (python/csrc) is built
-# against it, and the op's tests and the GPT capstone's CPU run need it.
-if ! python3 -c "import torch" 2>/dev/null; then
+# against it, and the op's tests and the GPT capstone's CPU run need it. Looked up, not
+# imported (an import takes 1.4 s; the configure asks torch itself for its headers).
+if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
   echo "setup: installing torch from PyPI"
   python3 -m pip install -q --disable-pip-version-check torch
 fi
