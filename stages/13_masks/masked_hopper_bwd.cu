@@ -6,14 +6,11 @@
 // dQ_i = dS·K_j from dSᵀ in shared memory.
 //
 // What changed from stage 11, and why:
-//  - the mask. Key tiles are counted per document (the grid's x runs over the key tiles of
-//    all documents), and the query tiles a block visits are the transpose of the forward's
-//    question: DocumentMask::query_tile_range, the tiles whose classify() of this key tile
-//    is not Skip — the same classify the forward asks, so a pair the forward skips is
-//    skipped here. A step is computed unmasked when classify says Full; otherwise P = 0
-//    wherever keep() says no, tested as DocumentMask's band (one comparison per element).
-//    Rows past the document's end (the next document's, in its last query tile) need no
-//    test: their statistics are the document's padding, L2 = +∞, so their P is 0.
+//  - the mask. Key tiles are counted per document, blocks start in BwdBlockOrder, and a block
+//    visits DocumentMask::query_tile_range: the query tiles whose classify() of its key tile
+//    (the forward's own question) is not Skip. A step is unmasked when classify says Full;
+//    else P = 0 where the document's band (one comparison per element) says no. Rows past
+//    the document's end need no test: their L2 is the padding's +∞, so their P is 0.
 //  - the score. With s the raw product and x = scale·s, the forward's logit is
 //      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
 //    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
@@ -172,13 +169,10 @@ struct StepScore {
   int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
 
-/// The masked step's element test, one subtraction and one comparison per element
-/// (DocumentMask's band): key k of the document is seen by query i < n_q exactly when
-/// unsigned(k − i − band_lo) ≤ span. For the thread's key row r and query column
-/// fragment_col(j, e) = fragment_col(0, 0) + 8j + e, k − i − band_lo is first[r] − (8j + e).
-/// A key past the document's end (the next document's, in the tile's last rows) gets a first
-/// far below every band. A query row past the document's end needs no test: its statistics
-/// are the document's padding, L2 = +∞, so P = 2^{x − ∞} = 0 there already.
+/// The masked step's element test (DocumentMask's band): key k is seen by query i < n_q
+/// exactly when unsigned(k − i − band_lo) ≤ span. For key row r and query column
+/// fragment_col(0, 0) + 8j + e that is first[r] − (8j + e). A key past the document's end
+/// gets a first far below every band; a query past it has L2 = +∞ (the padding), so P = 0.
 struct BandTest {
   int first[2];
   unsigned span;
