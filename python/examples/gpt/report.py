@@ -22,8 +22,8 @@ SMALL_LOSS = 0.05  # below it the summary compares losses by difference, not by 
 def _fmt(x):
     if x is None:
         return ""
-    if isinstance(x, float):
-        return f"{x:.6g}"
+    if isinstance(x, float):  # 9 significant digits give an fp32 value back exactly
+        return f"{x:.9g}"
     return str(x)
 
 
