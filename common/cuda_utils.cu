@@ -131,6 +131,13 @@ void require_hopper(const std::string& stage) {
                              std::to_string(minor));
 }
 
+int sm_count() {
+  int device = 0, sms = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 bool have_gpu() {
   int n = 0;
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

@@ -108,6 +108,9 @@ void require_hopper(const std::string& stage);
 /// True when a CUDA device is present and usable (the failed query's error is cleared).
 bool have_gpu();
 
+/// The current device's number of SMs (a persistent grid's size, a wave of blocks).
+int sm_count();
+
 /// Throws NoCudaDevice("<who>: no CUDA device ...") when no GPU is usable (no prefix when
 /// `who` is empty).
 void require_gpu(const std::string& who);

@@ -56,10 +56,7 @@ int64_t query_tiles(const Problem& p, const StepKernel& k) {
 
 dim3 grid_for(const Problem& p, const StepKernel& k) {
   if (k.persistent) {  // one block per SM, each looping over the query tiles
-    int device = 0, sms = 0;
-    FA_CUDA_CHECK(cudaGetDevice(&device));
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return dim3(unsigned(std::min<int64_t>(sms, query_tiles(p, k))));
+    return dim3(unsigned(std::min<int64_t>(sm_count(), query_tiles(p, k))));
   }
   return dim3(unsigned((p.seq_q + k.block_rows - 1) / k.block_rows), unsigned(p.heads), unsigned(p.batch));
 }

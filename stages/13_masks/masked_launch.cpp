@@ -181,7 +181,7 @@ void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const voi
   const std::vector<int> first = first_tiles(docs, k.block_rows);
   const int64_t tiles = int64_t(first.back()) * p.batch * p.heads;
   int device = 0, sms = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaGetDevice(&device));  // also for the L2 size below
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   if (tiles > INT32_MAX - sms)  // the scheduler counts up to tiles + grid in an int
     throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(tiles) +
@@ -358,10 +358,7 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
 
   FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, stat_elems * size_t(d) * sizeof(float), stream));
   launch_masked_prep(params, dtype, d, stream);
-  int device = 0, sms = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  params.order = {first_key_tile.back(), int(kv_rows), bwd_row_group(sms, first_key_tile.back(), int(kv_rows))};
+  params.order = {first_key_tile.back(), int(kv_rows), bwd_row_group(sm_count(), first_key_tile.back(), int(kv_rows))};
   const dim3 grid{unsigned(blocks)};
   if (blocks > 0) {
     void* args[] = {&params};
