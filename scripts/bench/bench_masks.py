@@ -107,23 +107,24 @@ def time_ms(fn, repeats=10, calls=10):
     return sorted(times)[len(times) // 2]
 
 
-def time_backward_ms(forward, backward, repeats=10, calls=10):
-    """As time_ms, for the second half of a forward-backward pair: each call runs forward() untimed,
-    then backward(its result) between two events; the mean over `calls`, median of `repeats`.
+def time_after_ms(first, timed, repeats=10, calls=10):
+    """As time_ms, for the second half of a pair: each call runs first() untimed, then
+    timed(its result) between two events (a forward, then its backward; or nothing, then a
+    forward + backward); the mean over `calls`, median of `repeats`.
     A GPU sleep of about two milliseconds is queued before each pair, so that the host has queued
-    the backward before the GPU reaches the first event (else a host slower than the GPU's
-    forward puts its own time between the events)."""
+    the timed half before the GPU reaches the first event (else a host slower than the GPU
+    puts its own time between the events)."""
     for _ in range(3):
-        backward(forward())
+        timed(first())
     times = []
     for _ in range(repeats):
         events = []
         for _ in range(calls):
             torch.cuda._sleep(4_000_000)  # clock cycles: about 2 ms at the H100's and H200's clocks
-            out = forward()
+            out = first()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            backward(out)
+            timed(out)
             b.record()
             events.append((a, b))
         torch.cuda.synchronize()
@@ -323,11 +324,11 @@ def main():
 
                 def flex_timings():
                     sparsity = f"block mask sparsity {block_mask.sparsity():.1f}%"
-                    alone = time_backward_ms(lambda: flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask),
+                    alone = time_after_ms(lambda: flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask),
                                              lambda out: torch.autograd.grad(out, (qg, kg, vg), do))
                     # Forward + backward timed as pairs too, each after a GPU sleep: at N = 4096 the
                     # host takes longer to queue one than the GPU to run it (session 16).
-                    pair = time_backward_ms(lambda: None, lambda _: flex_forward_backward())
+                    pair = time_after_ms(lambda: None, lambda _: flex_forward_backward())
                     return {"flex_attention": (pair, "forward + backward (events around each, after a GPU sleep); " + sparsity),
                             "flex_attention_bwd": (alone, "backward alone (events around autograd.grad of each pair)")}
 
