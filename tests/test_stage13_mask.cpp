@@ -205,3 +205,43 @@ TEST_CASE("13 hopper backward: the block order runs every (key tile, row) once, 
         for (int count : seen) CHECK(count == 1);
       }
 }
+
+TEST_CASE("13 hopper backward: a thread's element test is keep() inside the document, 0 past its ends") {
+  // The GPU backward's masked steps test element (key k_r, query q_0 + 8j + e) of a thread's
+  // fragment as one comparison (DocumentMask::element_test). Every thread position of every
+  // (key tile, query tile) pair: seen exactly when k < n_k, q < n_q and keep(q, k).
+  int64_t elements = 0;
+  for (bool causal : {false, true})
+    for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, 3}, {16, -1}, {-1, 2}, {130, 0}})
+      for (auto [n_q, n_k] : {std::pair{1, 1}, {300, 300}, {130, 517}, {517, 130}, {200, 64}}) {
+        int right = wr >= 0 ? wr : s13::kNoBound;
+        if (causal) right = std::min(right, 0);
+        const s13::DocumentMask mask{n_q, n_k, wl >= 0 ? wl : s13::kNoBound, right};
+        CAPTURE(causal);
+        CAPTURE(n_q);
+        CAPTURE(n_k);
+        CAPTURE(wl);
+        CAPTURE(wr);
+        int differ = 0;
+        for (int B_r : {64, 128})
+          for (int key0 = 0; key0 < n_k; key0 += 64)
+            for (int query0 = 0; query0 < n_q; query0 += B_r)
+              for (int row = 0; row < 64; row += 1) {
+                if (row % 16 >= 8) continue;  // fragment_row(0): 16·warp + lane/4; row 1 is 8 below
+                for (int col0 = 0; col0 < 8; col0 += 2) {  // fragment_col(0, 0) = 2·(lane % 4)
+                  const int k[2] = {key0 + row, key0 + row + 8}, q0 = query0 + col0;
+                  const s13::ElementTest t = mask.element_test(k[0], k[1], q0);
+                  for (int r = 0; r < 2; ++r)
+                    for (int j = 0; j < B_r / 8; ++j)
+                      for (int e = 0; e < 2; ++e) {
+                        const int q = q0 + 8 * j + e;
+                        const bool want = k[r] < n_k && q < n_q && mask.keep(q, k[r]);
+                        differ += t.sees(r, 8 * j + e) != want;
+                        ++elements;
+                      }
+                }
+              }
+        CHECK(differ == 0);
+      }
+  CHECK(elements > 100000);
+}

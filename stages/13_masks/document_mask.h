@@ -42,6 +42,14 @@ struct KeyTileRange {
 
 FA13_HOST_DEVICE int clamp_to(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
+/// A thread's element test in the GPU backward's masked steps (DocumentMask::element_test):
+/// column c = 8j + e of key row r is seen exactly when sees(r, c).
+struct ElementTest {
+  int hi[2];
+  unsigned width[2];
+  FA13_HOST_DEVICE bool sees(int r, int c) const { return unsigned(hi[r] - c) <= width[r]; }
+};
+
 struct DocumentMask {
   int n_q, n_k;                    ///< the document's queries and keys
   int window_left, window_right;   ///< keys before / after the diagonal (kNoBound: no limit; causal: right ≤ 0)
@@ -65,6 +73,14 @@ struct DocumentMask {
   FA13_HOST_DEVICE unsigned band_span() const { return unsigned(window_left + window_right); }
   FA13_HOST_DEVICE bool in_band(int i, int k) const { return unsigned(k - i - band_lo()) <= band_span(); }
   //! [document band]
+
+  /// The band test as the GPU backward runs it on a thread's fragment of Sᵀ: two key rows
+  /// k_0, k_1 and the query columns q_0 + c, c = 8j + e (ElementTest). For row r, k_r − q − band_lo
+  /// is first_r − c, so the key is seen by the columns first_r − span ≤ c ≤ first_r; a column
+  /// past the document's end (the next document's queries) has c ≥ cols = n_q − q_0. Both
+  /// together are one interval lo_r ≤ c ≤ hi_r, hi_r = min(first_r, cols − 1), tested as
+  /// unsigned(hi_r − c) ≤ hi_r − lo_r; a key past the document's end gets an empty interval.
+  FA13_HOST_DEVICE ElementTest element_test(int k_0, int k_1, int q_0) const;
 
   //! [document mask]
   /// The key tiles the rows [row0, row0 + rows) of the document visit: every tile holding a
@@ -113,6 +129,22 @@ struct DocumentMask {
   }
   //! [query tile range]
 };
+
+//! [backward element test]
+FA13_HOST_DEVICE ElementTest DocumentMask::element_test(int k_0, int k_1, int q_0) const {
+  ElementTest t;
+  const int span = window_left + window_right, cols = n_q - q_0;
+  const int keys[2] = {k_0, k_1};
+  for (int r = 0; r < 2; ++r) {
+    const int first = keys[r] - q_0 - band_lo(), lo = first - span;
+    const int hi = first < cols - 1 ? first : cols - 1;
+    const bool none = keys[r] >= n_k || hi < lo;
+    t.hi[r] = none ? -(1 << 29) : hi;  // below 0 by more than any width: no column passes
+    t.width[r] = none ? 0u : unsigned(hi - lo);
+  }
+  return t;
+}
+//! [backward element test]
 
 //! [backward block order]
 /// The backward's blocks, one per (key tile, kv-head row), in the order they start: the GPU

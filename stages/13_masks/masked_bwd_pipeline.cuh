@@ -42,6 +42,7 @@ struct BwdRoles {
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
   static_assert(kDocumentPad % kBlockM == 0, "a query tile is one aligned run of the padded scratch");
   static constexpr int kConsumersBarrier = 1;  ///< named barrier of the two consumer warpgroups
+  static constexpr int kEpilogueBarrier = 2;   ///< 2 + c: consumer c's own (the epilogue)
 };
 
 /// The block's work: key tile j of document `doc` (keys [j·B_c, (j + 1)·B_c) of the document)
@@ -106,6 +107,8 @@ struct BwdPlan {
   static constexpr uint32_t barriers = staging + 2 * 64 * 64 * 4;
   static constexpr uint32_t bytes = barriers + 8 * (1 + 2 * kStages + 3);
   static_assert(bytes + 1024 <= 227 * 1024, "more shared memory than a block may have");
+  static_assert(2 * (2 * 64 * d * 2) <= ds - q, "the epilogue stages both consumers' dV, dK (2 bytes an "
+                                                "element) in the Q_i and dO_i buffers");
   static constexpr uint32_t bytes_to_allocate = bytes + 1024;  // room to align the base
   /// Bytes that land in full[s] per step: Q_i, dO_i, L2_i, D_i.
   static constexpr uint32_t step_bytes = 2 * tile_bytes(B_r, d) + 2 * B_r * 4;

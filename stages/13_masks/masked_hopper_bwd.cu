@@ -8,9 +8,9 @@
 // What changed from stage 11, and why:
 //  - the mask. Key tiles are counted per document, blocks start in BwdBlockOrder, and a block
 //    visits DocumentMask::query_tile_range: the query tiles whose classify() of its key tile
-//    (the forward's own question) is not Skip. A step is unmasked when classify says Full;
-//    else P = 0 where the document's band (one comparison per element) says no. Rows past
-//    the document's end need no test: their L2 is the padding's +∞, so their P is 0.
+//    (the forward's own question) is not Skip. A step is unmasked when classify says Full
+//    and the query tile ends inside the document; else P = 0 where the element test
+//    (DocumentMask::element_test, one comparison per element) says no.
 //  - the score. With s the raw product and x = scale·s, the forward's logit is
 //      x' = cap·tanh(x/cap) (soft-cap),   x' += slope·(key − diag(row)) (ALiBi)
 //    so P = e^{x' − L} and dx = dx'·f'(x), f' = 1 − tanh²(x/cap) under soft-cap, 1 else:
@@ -52,6 +52,7 @@
 #include "dispatch.cuh"
 #include "hopper/dq_staging.cuh"
 #include "hopper/ds_tile.cuh"
+#include "hopper/key_rows.cuh"
 #include "hopper/tile_math.cuh"
 #include "hopper/wgmma.cuh"
 #include "masked_bwd_pipeline.cuh"
@@ -169,24 +170,10 @@ struct StepScore {
   int key0, query0;           ///< this warpgroup's first key and the tile's first query, in the document
 };
 
-/// The masked step's element test (DocumentMask's band): key k is seen by query i < n_q
-/// exactly when unsigned(k − i − band_lo) ≤ span. For key row r and query column
-/// fragment_col(0, 0) + 8j + e that is first[r] − (8j + e). A key past the document's end
-/// gets a first far below every band; a query past it has L2 = +∞ (the padding), so P = 0.
-struct BandTest {
-  int first[2];
-  unsigned span;
-  __device__ bool sees(int r, int j, int e) const { return unsigned(first[r] - (8 * j + e)) <= span; }
-};
-
-__device__ inline BandTest band_test(const DocumentMask& doc, int key0, int query0) {
-  BandTest t;
-  t.span = doc.band_span();
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + fragment_row(r);
-    t.first[r] = key < doc.n_k ? key - query0 - fragment_col(0, 0) - doc.band_lo() : -(1 << 30);
-  }
-  return t;
+/// The masked step's element test for this thread (DocumentMask::element_test): its key rows
+/// key0 + fragment_row(r) against the query columns query0 + fragment_col(j, e).
+__device__ inline ElementTest band_test(const DocumentMask& doc, int key0, int query0) {
+  return doc.element_test(key0 + fragment_row(0), key0 + fragment_row(1), query0 + fragment_col(0, 0));
 }
 
 /// The plain score, in place, on one warpgroup's fragment of Sᵀ ([64 keys, B_r queries]:
@@ -201,7 +188,7 @@ template <int B_r, bool kMasked, bool kAlibi>
 __device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const StepScore& sc,
                                      const DocumentMask& doc, float scale_log2) {
   float row_bias[2] = {};  // b·(key − key0) of the thread's two key rows
-  BandTest band{};
+  ElementTest band{};
   if constexpr (kMasked) band = band_test(doc, sc.key0, sc.query0);
   if constexpr (kAlibi)
     for (int r = 0; r < 2; ++r) row_bias[r] = sc.slope_log2 * float(fragment_row(r));
@@ -220,7 +207,7 @@ __device__ inline void probabilities(float (&s)[B_r / 2], const float* l2, const
         const int x_at = 4 * j + 2 * r + e;
         const float l_col = e == 0 ? l.x : l.y;
         const float prob = fast_exp2(fmaf(s[x_at], scale_log2, kAlibi ? row_bias[r] - l_col : -l_col));
-        s[x_at] = kMasked && !band.sees(r, j, e) ? 0.f : prob;
+        s[x_at] = kMasked && !band.sees(r, 8 * j + e) ? 0.f : prob;
       }
   }
 }
@@ -249,7 +236,7 @@ template <int B_r>
 __device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&dp)[B_r / 2], const float* l2,
                                                      const float* dd, const StepScore& sc, const DocumentMask& doc,
                                                      float scale, bool masked) {
-  const BandTest band = band_test(doc, sc.key0, sc.query0);
+  const ElementTest band = band_test(doc, sc.key0, sc.query0);
 #pragma unroll
   for (int j = 0; j < B_r / 8; ++j) {
     const float2 l = *reinterpret_cast<const float2*>(l2 + fragment_col(j, 0));
@@ -264,7 +251,7 @@ __device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&
         const float slope_of_f = 1.f - t * t;  // f'(x)
         const float x = fmaf(sc.slope, float(key - doc.diagonal(query)), sc.cap * t);
         float prob = fast_exp2(fmaf(x, kLog2e, -(e == 0 ? l.x : l.y)));
-        if (masked && !band.sees(r, j, e)) prob = 0.f;
+        if (masked && !band.sees(r, 8 * j + e)) prob = 0.f;
         s[x_at] = prob;
         dp[x_at] = prob * (dp[x_at] - (e == 0 ? dv.x : dv.y)) * slope_of_f;
       }
@@ -272,21 +259,6 @@ __device__ inline void capped_probabilities_and_ds(float (&s)[B_r / 2], float (&
 }
 //! [backward elementwise]
 
-/// A warpgroup's [64, d] accumulator times `mul` as Elem into the document's rows:
-/// local key rows key0 … key0 + 63, stored when below n_k at packed row k_start + local.
-template <int d, class Elem>
-__device__ inline void write_key_rows(const float (&acc)[d / 2], float mul, void* out, int64_t bkv, int seq_k,
-                                      int k_start, int key0, int n_k) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int local = key0 + fragment_row(r);
-    if (local >= n_k) continue;  // the next document's key: its own block writes it
-    auto* row = reinterpret_cast<uint32_t*>(static_cast<Elem*>(out) + (bkv * seq_k + k_start + local) * int64_t(d));
-#pragma unroll
-    for (int j = 0; j < d / 8; ++j)
-      row[fragment_col(j, 0) / 2] = pack2<Elem>(mul * acc[4 * j + 2 * r], mul * acc[4 * j + 2 * r + 1]);
-  }
-}
 
 /// The score a backward kernel is built for (the launcher picks by the modifiers).
 enum class BwdScore { Plain, Alibi, Capped };
@@ -347,9 +319,9 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     gemm_qk<d, B_r>(dpt, v_rows, B_c, sm.do_stage(s));
     wgmma_commit();
     //! [backward asks the mask]
-    // Masked: a partial pair. (A query tile that runs past the document's end needs no mask
-    // for those rows: their L2 is the padding's +∞, so their P is 0.)
-    const bool masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full;
+    // Masked: a partial pair, or a query tile that runs past the document's end (its last rows
+    // are the next document's queries).
+    const bool masked = doc.classify(query0, B_r, work.j, B_c) != GpuTileKind::Full || query0 + B_r > doc.n_q;
     //! [backward asks the mask]
     sc.query0 = query0;
     uint32_t p_frag[B_r / 16][4], ds_frag[B_r / 16][4];  // Pᵀ and dSᵀ as A fragments
@@ -400,8 +372,19 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
     stage10::fence_fragments(ds_frag);
     mbarrier_arrive(&sm.empty[s]);  // this thread is done with buffer s
   }
-  write_key_rows<d, Elem>(dv, 1.f, p.dV, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
-  write_key_rows<d, Elem>(dk, p.scale, p.dK, work.bkv, p.seq_k, work.k_start, key0, doc.n_k);
+  // The epilogue, staged through the Q and dO buffers: free once both consumers have finished
+  // their last step (the producer has no load left to issue). Each consumer takes 2·64·d
+  // elements of them, dV's rows then dK's.
+  named_barrier_sync(R::kConsumersBarrier, 256);
+  unsigned char* tile_v = reinterpret_cast<unsigned char*>(sm.q) + c * (2 * 64 * d * sizeof(Elem));
+  unsigned char* tile_k = tile_v + 64 * d * sizeof(Elem);
+  hopper::stage_key_rows<d, Elem>(dv, 1.f, tile_v);
+  hopper::stage_key_rows<d, Elem>(dk, p.scale, tile_k);
+  named_barrier_sync(R::kEpilogueBarrier + c, 128);  // the warpgroup's rows are in shared memory
+  const int64_t first_row = int64_t(work.bkv) * p.seq_k + work.k_start + key0;
+  const int valid = min(64, doc.n_k - key0);  // the next document's keys: its own block writes them
+  hopper::copy_key_rows<d>(tile_v, p.dV, first_row, valid);
+  hopper::copy_key_rows<d>(tile_k, p.dK, first_row, valid);
 }
 
 
