@@ -8,18 +8,17 @@
 #   scripts/gpu/check.sh --join OUT1 OUT2 …   one summary of the parts' summary.txt
 #
 # The whole check does not fit one device call of ten minutes, so it runs in four parts, one
-# call each (each builds: about 60–100 s on 16 cores from nothing, 10–20 s after another part
-# on the same machine). Times on one H200: part 1 from session 11
-# (docs/results/h200_gpu_check_2026-11-26_session11.txt; FA_BENCH_ARGS="--stages 10,11
-# --hopper"), parts 2–4 from session 16 (h200_gpu_check_2026-11-27_session16.txt: the build
-# and then the sanitizers; the H100 record of three parts: h100_gpu_check_2026-11-26_session9.txt):
-#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep       268 s
+# call each (each builds: about 60–100 s on 16 cores from nothing, 3–20 s after another part
+# on the same machine). Times on one H100, each part with the default budget, from
+# docs/results/h100_gpu_check_2026-11-27_session17.txt (build time first, then the rest):
+#   --part 1   build, every test (ctest), the SASS check, the benchmark sweep   76 + 195 s
 #   --part 2   compute-sanitizer over the programs of stages 07, 08, 09 and
-#              test_gpu_bad_input                                          10 + 229 s
+#              test_gpu_bad_input                                           3 + 206 s
 #   --part 3   compute-sanitizer over the programs of stages 10, 11 and 13 (Hopper)
-#                                                                           87 + 112 s
+#                                                                          66 + 106 s
 #   --part 4   compute-sanitizer over stage 12's ring on one GPU (test_stage12_gpu),
-#              three initcheck cases run again after a failed first attempt  99 + 269 s
+#              an initcheck case run again after a failed first attempt   3 + 258 s
+#              (session 16 on an H200: three cases failed a first attempt under initcheck, 99 + 269 s)
 # Stage 12's ring has a part of its own since stage 10's sixth step (10f): together with 10
 # and 11, its racecheck and initcheck jobs ran out of their time (224 s).
 # No --part runs everything in one go (within FA_BUDGET_S: on one H100 the sanitizers then
