@@ -46,9 +46,30 @@ void prepare_kernel(const StepKernel& k) {
   prepared().insert(key);
 }
 
-void launch(const StepKernel& k, dim3 grid, void** args, cudaStream_t stream) {
+void launch_kernel(const void* fn, dim3 grid, dim3 threads, size_t smem_bytes, void** args, cudaStream_t stream,
+                   StreamOrder order) {
+  if (order == StreamOrder::Serial) {
+    FA_CUDA_CHECK(cudaLaunchKernel(fn, grid, threads, args, smem_bytes, stream));
+    return;
+  }
+  // The same launch, described as a configuration so that it can carry an attribute: "this
+  // kernel resolves its dependency on the previous one itself" (griddepcontrol.wait).
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = threads;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  FA_CUDA_CHECK(cudaLaunchKernelExC(&config, fn, args));
+}
+
+void launch(const StepKernel& k, dim3 grid, void** args, cudaStream_t stream, StreamOrder order) {
   prepare_kernel(k);
-  FA_CUDA_CHECK(cudaLaunchKernel(k.fn, grid, dim3(unsigned(k.threads)), args, k.smem_bytes, stream));
+  launch_kernel(k.fn, grid, dim3(unsigned(k.threads)), k.smem_bytes, args, stream, order);
 }
 
 }  // namespace fa

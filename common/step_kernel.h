@@ -75,8 +75,28 @@ StepKernel make_step_kernel(bool causal, F* causal_fn, F* plain_fn, Threads thre
 /// report calls it before asking for occupancy.
 void prepare_kernel(const StepKernel& k);
 
-/// prepare_kernel(k), then fn<<<grid, k.threads, k.smem_bytes, stream>>>(args...). Errors
-/// throw (FA_CUDA_CHECK); the caller names the kernel in its FA_CHECK_LAUNCH.
-void launch(const StepKernel& k, dim3 grid, void** args, cudaStream_t stream);
+/// How a kernel follows the kernel before it on the same stream.
+///   Serial: an ordinary launch. No block starts before the previous kernel has finished and
+///     its writes are visible.
+///   Programmatic: Programmatic Dependent Launch (sm_90; the launch attribute
+///     cudaLaunchAttributeProgrammaticStreamSerialization). Blocks may start while the
+///     previous kernel still runs, as soon as each of its blocks has executed
+///     griddepcontrol.launch_dependents or exited, so this kernel's start (block launch,
+///     barrier set-up, loads of inputs that kernel does not write) hides under that kernel's
+///     tail. In exchange the kernel must execute griddepcontrol.wait (hopper/ptx.cuh) before
+///     it reads anything the previous kernel writes: the wait returns once that kernel has
+///     finished and all its writes are visible. Every block must execute it in at least one
+///     thread, so that this kernel cannot finish before the one it follows.
+enum class StreamOrder { Serial, Programmatic };
+
+/// prepare_kernel(k), then fn<<<grid, k.threads, k.smem_bytes, stream>>>(args...) with
+/// `order`. Errors throw (FA_CUDA_CHECK); the caller names the kernel in its FA_CHECK_LAUNCH.
+void launch(const StepKernel& k, dim3 grid, void** args, cudaStream_t stream,
+            StreamOrder order = StreamOrder::Serial);
+
+/// fn<<<grid, threads, smem_bytes, stream>>>(args...) with `order`, for a kernel outside the
+/// step tables (a backward's convert kernel): launch() without prepare_kernel.
+void launch_kernel(const void* fn, dim3 grid, dim3 threads, size_t smem_bytes, void** args, cudaStream_t stream,
+                   StreamOrder order);
 
 }  // namespace fa

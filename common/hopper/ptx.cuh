@@ -181,4 +181,19 @@ __device__ inline void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
+// ---- Programmatic Dependent Launch (griddepcontrol, sm_90) -------------------------------
+// Stage 13's backward: for kernels launched with StreamOrder::Programmatic (step_kernel.h)
+// and the kernels they follow on the stream. Both do nothing where the launches were ordinary.
+
+/// Lets the next kernel on the stream start its blocks once every block of this grid has
+/// executed this (or exited). It says nothing about this grid's writes: the next kernel
+/// still waits for all of them in griddepcontrol_wait.
+__device__ inline void griddepcontrol_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/// Waits until the kernel this grid follows on the stream has finished and every write it
+/// made is visible to this grid (the thread that executes it; the others do not wait).
+__device__ inline void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 }  // namespace fa::hopper

@@ -162,10 +162,11 @@ struct BwdShared {
   }
 
   //! [backward producer]
-  /// The producer (one thread): K_j and V_j of the block's document once, then each step's
-  /// query tile into the ring as soon as its buffer is released. Tiles that run past the
-  /// document's end bring the next document's keys or queries (or zeros past the tensor):
-  /// the consumers mask them.
+  /// The producer (one thread): K_j and V_j of the block's document once, then, after the
+  /// prep kernel has finished (this kernel may start before: StreamOrder::Programmatic in
+  /// step_kernel.h), each step's query tile into the ring as soon as its buffer is released.
+  /// Tiles that run past the document's end bring the next document's keys or queries (or
+  /// zeros past the tensor): the consumers mask them.
   __device__ void produce(const MaskedBwdParams& p, const BwdWork& w) const {
     const int key_row = w.k_start + w.j * B_c;
     mbarrier_arrive_expect_tx(kv_full, 2 * tile_bytes(B_c, d));
@@ -176,6 +177,7 @@ struct BwdShared {
       tma_load_3d(reinterpret_cast<unsigned char*>(v) + c * column_block_bytes(B_c), &p.map_v, kv_full, 64 * c, key_row,
                   w.bkv);
     }
+    griddepcontrol_wait();  // K and V are inputs, loaded already; L2 and D are the prep kernel's output
     for (int n = 0; n < w.steps; ++n) {
       const auto [s, parity] = PipelineState<kStages>::at(n);
       mbarrier_wait(&empty[s], parity ^ 1);  // the consumers released buffer s

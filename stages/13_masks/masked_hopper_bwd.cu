@@ -30,8 +30,9 @@
 //    (hopper/dq_layout.h), which the writer adds with one bulk reduction as in 11d
 //    (hopper/dq_staging.cuh, shared with stage 11).
 //
-//   producer warp 0 (1 thread): K_j, V_j;  for n in steps: wait empty;  Q_i, dO_i, L2_i, D_i → full
-//   writer warp 1 (1 thread), for n in steps: for c = 0, 1: wait dq_full[c];  bulk reduce-add of
+//   (launched programmatically after the prep kernel: "wait for prep" is griddepcontrol.wait)
+//   producer warp 0 (1 thread): K_j, V_j;  wait for prep;  for n in steps: wait empty;  Q_i, dO_i, L2_i, D_i → full
+//   writer warp 1 (1 thread): wait for prep;  for n in steps: for c = 0, 1: wait dq_full[c];  bulk reduce-add of
 //     block c into the document's rows of dQ_accum;  wait until read;  arrive dq_empty
 //   consumer c (keys [64c, 64c + 64) of the tile), for n in steps:
 //     wait full;  Sᵀ = K_c·Q_iᵀ, dPᵀ = V_c·dO_iᵀ (wgmma, both in flight)
@@ -102,16 +103,25 @@ __device__ inline float2 unpack2(uint32_t w) {
 
 //! [backward prep]
 /// One warp per padded row of batch·heads·n_pad: D = rowsum(dO∘O) and L2 = L·log2 e of the
-/// packed row it stands for (padding: D = 0, L2 = +inf, so P = 2^{x − inf} = 0 there), and
-/// with sinks the row's share of dσ_h = −Σ e^{σ_h − L}·D.
+/// packed row it stands for (padding: D = 0, L2 = +inf, so P = 2^{x − inf} = 0 there), with
+/// sinks the row's share of dσ_h = −Σ e^{σ_h − L}·D, and the row's d zeros of dQ_accum. The
+/// warps cover every padded row, padding included, so all of dQ_accum starts at 0 (the main
+/// kernel's [64, 64] additions reach the padding rows too, where a tile runs past its
+/// document's end).
 template <class Elem, int d>
 __global__ void masked_prep_kernel(const MaskedBwdParams p) {
+  griddepcontrol_launch_dependents();  // the main kernel's blocks may start: they wait for this grid's writes
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= int64_t(p.batch) * p.heads * p.n_pad) return;
   const int64_t bh = row / p.n_pad;
   const int padded = int(row % p.n_pad), doc = document_of_padded_row(p, padded);
   const int local = padded - p.pad_first[doc];
+  // In the blocked layout (hopper/dq_layout.h) the row's d floats are d/64 runs of 64, one per
+  // column block; 4 columns (16 bytes) per lane, so 16 lanes store one 256-byte run.
+  float* dq_head = p.dQ_accum + bh * p.n_pad * d;  // [n_pad, d] of this (batch, head), blocked
+  for (int col = 4 * lane; col < d; col += 4 * 32)
+    *reinterpret_cast<float4*>(dq_head + stage11::blocked_offset(padded, col, d)) = make_float4(0.f, 0.f, 0.f, 0.f);
   float D = 0.f, L2 = INFINITY;
   if (local < p.cu_q[doc + 1] - p.cu_q[doc]) {
     const int64_t packed = bh * p.seq_q + p.cu_q[doc] + local;
@@ -149,6 +159,7 @@ __global__ void masked_prep_kernel(const MaskedBwdParams p) {
 /// counted in the padded scratch; a group of 8 columns stays contiguous there.
 template <class Elem, int d>
 __global__ void masked_convert_dq_kernel(const MaskedBwdParams p) {
+  griddepcontrol_wait();  // dQ_accum is final: the main kernel has finished
   const int64_t total = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < total; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = c / (d / 8), bh = row / p.seq_q;
@@ -277,11 +288,13 @@ __global__ void __launch_bounds__(BwdRoles<d>::kThreads, 1) masked_bwd(const __g
 
   if (threadIdx.x == 0) sm.init_barriers();
   __syncthreads();  // barriers initialised before anyone waits on them
+  griddepcontrol_launch_dependents();  // the convert kernel's blocks may start: they wait for this grid
 
   if (warpgroup == 0) {  // ---- producer (warp 0) and dQ writer (warp 1) ----
     setmaxnreg_dec<R::kProducerRegisters>();
     if (threadIdx.x == 0) sm.produce(p, work);
     if (threadIdx.x == 32) {  // step n's blocks: query tile work.tile(n) of head work.bh(n), in the document's rows
+      griddepcontrol_wait();  // the prep kernel has zeroed dQ_accum
       const int64_t doc_row0 = p.pad_first[work.doc];
       stage11::write_dq<d>(sm, work.steps, [&](int n) {
         return stage11::DqTile{p.dQ_accum + int64_t(work.bh(n)) * p.n_pad * d, doc_row0 + work.tile(n) * B_r};
@@ -422,9 +435,12 @@ void launch_masked_prep(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream
 void launch_masked_convert_dq(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream) {
   const int64_t chunks = int64_t(p.batch) * p.heads * p.seq_q * (d / 8);
   const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 132 * 32));
+  MaskedBwdParams params = p;
+  void* args[] = {&params};
   with_dtype(dtype, [&](auto elem) {
     with_head_dim(d, [&](auto dim) {
-      masked_convert_dq_kernel<decltype(elem), decltype(dim)::value><<<blocks, 256, 0, stream>>>(p);
+      const void* fn = reinterpret_cast<const void*>(masked_convert_dq_kernel<decltype(elem), decltype(dim)::value>);
+      launch_kernel(fn, dim3(blocks), dim3(256), 0, args, stream, StreamOrder::Programmatic);
     });
   });
   FA_CHECK_LAUNCH("13_masks: masked_convert_dq_kernel");

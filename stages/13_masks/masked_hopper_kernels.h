@@ -17,7 +17,8 @@ StepKernel masked_hopper_kernel(int d, Dtype dtype, bool softcap, bool alibi);
 /// tile, kv head, batch), built for the score: soft-cap (with or without ALiBi; cap and
 /// slope read at run time), ALiBi alone, or the plain score (masked_hopper_bwd.cu).
 StepKernel masked_hopper_bwd_kernel(int d, Dtype dtype, bool softcap, bool alibi);
-/// Around it: D, L2 (and dσ) into the padded scratch before; dQ from dQ_accum after.
+/// Around it: D, L2 (and dσ) into the padded scratch and zeros into dQ_accum before; dQ from
+/// dQ_accum after.
 void launch_masked_prep(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);
 void launch_masked_convert_dq(const MaskedBwdParams& p, Dtype dtype, int d, cudaStream_t stream);
 

@@ -356,16 +356,19 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
   params.scale = p.softmax_scale();
   params.scale_log2 = params.scale * float(M_LOG2E);
 
-  FA_CUDA_CHECK(cudaMemsetAsync(params.dQ_accum, 0, stat_elems * size_t(d) * sizeof(float), stream));
-  launch_masked_prep(params, dtype, d, stream);
+  // Three kernels, each after the one before on the stream. The second and third are launched
+  // programmatically (step_kernel.h): their blocks may start while the kernel before still
+  // runs (its blocks have all started), set up, and wait (griddepcontrol.wait) only where they
+  // first read its output, so a kernel's launch and start hide under its predecessor's tail.
+  launch_masked_prep(params, dtype, d, stream);  // also zeroes dQ_accum, every padded row
   params.order = {first_key_tile.back(), int(kv_rows), bwd_row_group(sm_count(), first_key_tile.back(), int(kv_rows))};
   const dim3 grid{unsigned(blocks)};
   if (blocks > 0) {
     void* args[] = {&params};
-    launch(k, grid, args, stream);
+    launch(k, grid, args, stream, StreamOrder::Programmatic);
     FA_CHECK_LAUNCH("13_masks hopper backward");
   }
-  launch_masked_convert_dq(params, dtype, d, stream);
+  launch_masked_convert_dq(params, dtype, d, stream);  // programmatic too
 }
 //! [backward launch]
 

@@ -52,7 +52,7 @@ struct MaskedBwdParams {
   const float* L;     ///< [batch·heads][seq_q], natural log, the forward's (sink included)
   float* L2;          ///< [batch·heads][n_pad]: L·log2 e; +inf where a row sees nothing, and in the padding
   float* D;           ///< [batch·heads][n_pad]: rowsum(dO∘O); 0 in the padding
-  float* dQ_accum;    ///< [batch·heads][n_pad][d], fp32, zeroed; dQ/scale is added into it
+  float* dQ_accum;    ///< [batch·heads][n_pad][d], fp32, zeroed by the prep kernel; dQ/scale is added into it
   void* dQ;           ///< [batch·heads][seq_q][d]
   void* dK;           ///< [batch·kv_heads][seq_k][d]
   void* dV;
