@@ -6,8 +6,8 @@ backward alone, the stage's beside flex_attention's (a CSV from before the backw
 *_bwd gives the stage's from its note, and flex's as n/a). × = flex's time over the stage's
 (> 1: the stage is faster). Needs no torch.
 
-  python3 scripts/results/stage13_tables.py --forward docs/results/h200_stage13_masks.csv
-  python3 scripts/results/stage13_tables.py --backward docs/results/h200_stage13_masks_bwd.csv
+  python3 scripts/results/stage13_tables.py --forward docs/results/h100_stage13_masks.csv
+  python3 scripts/results/stage13_tables.py --backward docs/results/h100_stage13_masks_bwd.csv
 """
 import csv
 import math
