@@ -180,9 +180,9 @@ void forward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const voi
   const Documents docs = documents_of(p, m);
   const std::vector<int> first = first_tiles(docs, k.block_rows);
   const int64_t tiles = int64_t(first.back()) * p.batch * p.heads;
-  int device = 0, sms = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));  // also for the L2 size below
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = sm_count();
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));  // for the L2 size below
   if (tiles > INT32_MAX - sms)  // the scheduler counts up to tiles + grid in an int
     throw std::invalid_argument(std::string(kStageName) + ": " + std::to_string(tiles) +
                                 " work tiles exceed the tile counter's 2^31 − 1 − " + std::to_string(sms));
@@ -321,11 +321,10 @@ void backward_hopper(const Problem& p, const Modifiers& m, Dtype dtype, const vo
   const auto* dev_floats = reinterpret_cast<const float*>(dev_ints + ints.size());
 
   MaskedBwdParams params{};
-  const int64_t kv_total = kv_rows;
   params.map_q = hopper::make_tensor_map(Q, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "Q");
   params.map_do = hopper::make_tensor_map(dO, dtype, d, int(p.seq_q), heads_total, 64, kStageName, "dO");
-  params.map_k = hopper::make_tensor_map(K, dtype, d, int(p.seq_k), kv_total, k.block_cols, kStageName, "K");
-  params.map_v = hopper::make_tensor_map(V, dtype, d, int(p.seq_k), kv_total, k.block_cols, kStageName, "V");
+  params.map_k = hopper::make_tensor_map(K, dtype, d, int(p.seq_k), kv_rows, k.block_cols, kStageName, "K");
+  params.map_v = hopper::make_tensor_map(V, dtype, d, int(p.seq_k), kv_rows, k.block_cols, kStageName, "V");
   params.O = O;
   params.dO = dO;
   params.L = L;
