@@ -8,7 +8,8 @@
 // not, over head dims 64 and 128, bf16 and f16: windows 0, small and ≥ N; documents with
 // empty and one-token ones, unequal query and key lengths, rows past the last document;
 // soft-cap small enough that tanh saturates; ALiBi with the usual geometric slopes; sinks;
-// GQA; a batch of two. Outputs are poisoned first, so a row not written fails. Each output
+// GQA; a batch of two; a backward of more blocks than SMs; backward calls queued back to
+// back. Outputs are poisoned first, so a row not written fails. Each output
 // is allowed twice the error of a same-precision baseline (the formulas with the inputs and
 // P rounded to the dtype) plus the floor, compare.h's policy. A refusal writes nothing.
 // The backward runs on the GPU forward's O and L: dQ, dK, dV and dsinks against the reference's
@@ -281,39 +282,57 @@ void expect_pass(const std::string& name, Problem p, const Modifiers& m) {
 // The forward on the GPU, then the backward on its O and L; dQ, dK, dV (and dsinks) against
 // the exact masked reference, each allowed twice the error of baseline_backward_16bit plus
 // the floor. Gradients are poisoned first, so an element not written fails.
+struct BackwardRun {
+  Problem p;
+  Modifiers m;
+  fa::Dtype dtype;
+  fa::Tensors t;
+  DeviceTensors dev;
+  fa::DeviceBuffer dO, dQ, dK, dV, dsinks;
+  BackwardRun(const Problem& p_, const Modifiers& m_, fa::Dtype dtype_, uint64_t seed)
+      : p(p_), m(m_), dtype(dtype_), t(fa::Tensors::make(p_, seed, fa::Dist::Normal, true)), dev(p_),
+        dO(q_bytes(p_), "dO"), dQ(q_bytes(p_), "dQ"), dK(kv_bytes(p_), "dK"), dV(kv_bytes(p_), "dV"),
+        dsinks(std::max<size_t>(16, size_t(p_.heads) * 4), "dsinks") {
+    fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
+    fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
+    fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
+    fa::upload(dtype, t.dO.data(), dO.get(), p.q_elems(), nullptr);
+    dev.poison();
+    for (const fa::DeviceBuffer* b : {&dQ, &dK, &dV, &dsinks}) FA_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));
+  }
+  static size_t q_bytes(const Problem& p) { return std::max<size_t>(16, size_t(p.q_elems()) * 2); }
+  static size_t kv_bytes(const Problem& p) { return std::max<size_t>(16, size_t(p.kv_elems()) * 2); }
+  void launch() {  // queued on the default stream, no synchronisation
+    s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
+    s13::backward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), dO.get(),
+                         dQ.get(), dK.get(), dV.get(), m.sinks.empty() ? nullptr : dsinks.as<float>(), nullptr);
+  }
+  fa::CheckReport check() {
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    fa::download(dtype, dQ.get(), t.dQ.data(), p.q_elems(), nullptr);
+    fa::download(dtype, dK.get(), t.dK.data(), p.kv_elems(), nullptr);
+    fa::download(dtype, dV.get(), t.dV.data(), p.kv_elems(), nullptr);
+    std::vector<float> got_dsinks(size_t(p.heads));
+    FA_CUDA_CHECK(cudaMemcpy(got_dsinks.data(), dsinks.get(), got_dsinks.size() * 4, cudaMemcpyDeviceToHost));
+    const fa::MaskedReference exact =
+        fa::reference_backward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
+    const fa::MaskedReference base = baseline_backward_16bit(p, m, t, dtype);
+    fa::CheckReport r;
+    const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, kv{p.batch, p.kv_heads, p.seq_k, p.head_dim};
+    r.items.push_back(fa::compare("dQ", t.dQ.data(), exact.dQ, q, fa::tolerance(exact.dQ, base.dQ, dtype)));
+    r.items.push_back(fa::compare("dK", t.dK.data(), exact.dK, kv, fa::tolerance(exact.dK, base.dK, dtype)));
+    r.items.push_back(fa::compare("dV", t.dV.data(), exact.dV, kv, fa::tolerance(exact.dV, base.dV, dtype)));
+    if (!m.sinks.empty())
+      r.items.push_back(fa::compare("dsinks", got_dsinks.data(), exact.dsinks, {1, 1, 1, p.heads},
+                                    fa::tolerance(exact.dsinks, base.dsinks, dtype)));
+    return r;
+  }
+};
+
 fa::CheckReport run_and_check_backward(const Problem& p, const Modifiers& m, fa::Dtype dtype, uint64_t seed = 7) {
-  fa::Tensors t = fa::Tensors::make(p, seed, fa::Dist::Normal, true);
-  DeviceTensors dev(p);
-  const size_t q_bytes = std::max<size_t>(16, size_t(p.q_elems()) * 2), kv_bytes = std::max<size_t>(16, size_t(p.kv_elems()) * 2);
-  fa::DeviceBuffer dO(q_bytes, "dO"), dQ(q_bytes, "dQ"), dK(kv_bytes, "dK"), dV(kv_bytes, "dV");
-  fa::DeviceBuffer dsinks(std::max<size_t>(16, size_t(p.heads) * 4), "dsinks");
-  fa::upload(dtype, t.Q.data(), dev.Q.get(), p.q_elems(), nullptr);
-  fa::upload(dtype, t.K.data(), dev.K.get(), p.kv_elems(), nullptr);
-  fa::upload(dtype, t.V.data(), dev.V.get(), p.kv_elems(), nullptr);
-  fa::upload(dtype, t.dO.data(), dO.get(), p.q_elems(), nullptr);
-  dev.poison();
-  for (const fa::DeviceBuffer* b : {&dQ, &dK, &dV, &dsinks}) FA_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));
-  s13::forward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), nullptr);
-  s13::backward_hopper(p, m, dtype, dev.Q.get(), dev.K.get(), dev.V.get(), dev.O.get(), dev.L.as<float>(), dO.get(),
-                       dQ.get(), dK.get(), dV.get(), m.sinks.empty() ? nullptr : dsinks.as<float>(), nullptr);
-  FA_CUDA_CHECK(cudaDeviceSynchronize());
-  fa::download(dtype, dQ.get(), t.dQ.data(), p.q_elems(), nullptr);
-  fa::download(dtype, dK.get(), t.dK.data(), p.kv_elems(), nullptr);
-  fa::download(dtype, dV.get(), t.dV.data(), p.kv_elems(), nullptr);
-  std::vector<float> got_dsinks(size_t(p.heads));
-  FA_CUDA_CHECK(cudaMemcpy(got_dsinks.data(), dsinks.get(), got_dsinks.size() * 4, cudaMemcpyDeviceToHost));
-  const fa::MaskedReference exact =
-      fa::reference_backward_masked(p, m, t.Q.data(), t.K.data(), t.V.data(), t.dO.data());
-  const fa::MaskedReference base = baseline_backward_16bit(p, m, t, dtype);
-  fa::CheckReport r;
-  const fa::Shape4 q{p.batch, p.heads, p.seq_q, p.head_dim}, kv{p.batch, p.kv_heads, p.seq_k, p.head_dim};
-  r.items.push_back(fa::compare("dQ", t.dQ.data(), exact.dQ, q, fa::tolerance(exact.dQ, base.dQ, dtype)));
-  r.items.push_back(fa::compare("dK", t.dK.data(), exact.dK, kv, fa::tolerance(exact.dK, base.dK, dtype)));
-  r.items.push_back(fa::compare("dV", t.dV.data(), exact.dV, kv, fa::tolerance(exact.dV, base.dV, dtype)));
-  if (!m.sinks.empty())
-    r.items.push_back(fa::compare("dsinks", got_dsinks.data(), exact.dsinks, {1, 1, 1, p.heads},
-                                  fa::tolerance(exact.dsinks, base.dsinks, dtype)));
-  return r;
+  BackwardRun run(p, m, dtype, seed);
+  run.launch();
+  return run.check();
 }
 
 // Every head dim and dtype; in FA_TEST_SMALL mode (compute-sanitizer) bf16 only.
@@ -535,6 +554,50 @@ TEST_CASE("13 hopper backward: soft-capping, ALiBi, sinks, combinations") {
     Modifiers tail = documents({100, 0, 50}, {120, 7, 50});  // rows past the last document
     tail.sinks = sink_logits(2);
     expect_backward_pass("documents + sinks, rows past the end", make(1, 2, 2, 200, 200, 128, true), tail);
+  }
+}
+
+TEST_CASE("13 hopper backward: more blocks than SMs, in several waves") {
+  // Every case above fits one wave of blocks. Here the blocks (key tiles x batch x kv heads)
+  // are at least twice the SMs, so BwdBlockOrder maps block indices past its first group of
+  // rows (a group is about one wave) and blocks start as others finish.
+  int sms = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int tiles = 3, heads = 4, batch = 2 * sms / (tiles * heads) + 1;
+  REQUIRE(int64_t(tiles) * batch * heads > 2 * int64_t(sms));
+  expect_backward_pass("causal, batch " + std::to_string(batch), make(batch, heads, heads, 3 * 128, 3 * 128, 128, true),
+                       Modifiers{});
+  // A window of 64 over 128 queries and 1024 keys: most key tiles of each head see no query
+  // (a block of no steps, which writes dK = dV = 0), among blocks of some.
+  Modifiers w;
+  w.window_left = 64;
+  w.sinks = sink_logits(heads);
+  const int batch_w = 2 * sms / (8 * heads) + 1;
+  expect_backward_pass("window 64, N_q = 128, N_k = 1024, batch " + std::to_string(batch_w),
+                       make(batch_w, heads, heads, 128, 1024, 128, true), w);
+}
+
+TEST_CASE("13 hopper backward: a first document of keys only, and one at the end") {
+  expect_backward_pass("documents: keys only first and last", make(1, 2, 2, 429, 693, 128, true),
+                       documents({0, 300, 129, 0}, {64, 300, 129, 200}));
+}
+
+TEST_CASE("13 hopper backward: calls queued back to back, each with its own table") {
+  // Each call uploads its own document table: three backward calls queued without a
+  // synchronisation must each read their own.
+  std::vector<BackwardRun> runs;
+  runs.reserve(3);
+  for (int i = 0; i < 3; ++i) {
+    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
+    m.window_left = 30 + 20 * i;
+    if (i % 2) m.sinks = sink_logits(2);
+    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, uint64_t(21 + i));
+  }
+  for (BackwardRun& r : runs) r.launch();
+  for (BackwardRun& r : runs) {
+    const fa::CheckReport report = r.check();
+    INFO("backward ", r.m.describe(), "\n", report.summary());
+    CHECK(report.pass());
   }
 }
 
