@@ -9,6 +9,15 @@
 
 namespace fa::stage10 {
 
+/// The registers a block of `threads` threads (384 or 512) holds from its launch under
+/// __launch_bounds__(threads, 1): each thread gets its share of the 65 536, rounded down to a
+/// multiple of 8 — 168 for 384 threads (64 512 in all), 128 for 512. setmaxnreg moves
+/// registers only inside this pool of the block's (an increase waits until the pool has
+/// them), so the warpgroups' counts after it must fit here, not in 65 536: 128·32 + 256·240
+/// would pass the larger bound and leave the consumers waiting forever.
+constexpr int launch_register_pool(int threads) { return threads * (65536 / threads / 8 * 8); }
+static_assert(launch_register_pool(384) == 64512 && launch_register_pool(512) == 65536);
+
 /// Tile sizes at head dim d. B_r = 128 query rows per block (two consumer warpgroups of
 /// 64 rows; step 10a uses 64 rows and one warpgroup; from step 10d, three warpgroups and
 /// 192 rows at d = 64: kConsumers), B_c keys per K/V tile, kStages K/V

@@ -41,12 +41,12 @@ struct Roles {
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumers;  // B_r
   /// Register split (setmaxnreg, multiples of 8). Two consumers: 65 536 registers / 384
   /// threads = 170.7, so 168 at launch (a warp's registers come in units of 256); the
-  /// producer needs few, so it drops to 24 and the consumers rise to 240
-  /// (128·24 + 256·240 = 64 512 ≤ 65 536). Three consumers (512 threads, 128 at launch): 24
-  /// and 160.
+  /// producer needs few, so it drops to 24 and the consumers rise to 240 (128·24 + 256·240 =
+  /// 64 512, all the block holds: launch_register_pool). Three consumers (512 threads, 128 at
+  /// launch): 24 and 160.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
-  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= launch_register_pool(kThreads));
   /// Named barriers (0 is __syncthreads): one per consumer for the ping-pong (consumer c
   /// waits on 1 + c) and one per consumer for its epilogue.
   static constexpr int kPingPongBarrier = 1;

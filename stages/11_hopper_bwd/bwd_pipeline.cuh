@@ -167,12 +167,12 @@ __device__ inline BlockWork block_work(const BwdParams& p) {
 /// issues every copy), warpgroups 1 and 2 are consumers of 64 keys each. Registers: 65 536
 /// / 384 threads = 170.7, so 168 at launch (a warp's registers come in units of 256, and
 /// setmaxnreg takes multiples of 8); the producer drops to 24, the consumers rise to 240
-/// (128·24 + 256·240 = 64 512 ≤ 65 536).
+/// (128·24 + 256·240 = 64 512, all the block holds: launch_register_pool).
 struct Specialized {
   static constexpr int kThreads = 3 * 128;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= stage10::launch_register_pool(kThreads));
   static constexpr int kConsumersBarrier = 1;  ///< named barrier of the two consumer warpgroups
   /// kStaging: with step 11d's dQ staging.
   template <int d, class Elem, bool kStaging = false>

@@ -39,7 +39,7 @@ struct BwdRoles {
   static constexpr int kThreads = 3 * 128;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= stage10::launch_register_pool(kThreads));
   static_assert(kDocumentPad % kBlockM == 0, "a query tile is one aligned run of the padded scratch");
   static constexpr int kConsumersBarrier = 1;  ///< named barrier of the two consumer warpgroups
   static constexpr int kEpilogueBarrier = 2;   ///< 2 + c: consumer c's own (the epilogue)

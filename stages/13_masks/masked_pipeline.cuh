@@ -34,7 +34,7 @@ struct MaskedRoles {
   static constexpr int kQBuffers = 2;  // the next tile's Q loads while the consumers use the other
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
-  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= stage10::launch_register_pool(kThreads));
   /// Named barriers (0 is __syncthreads): consumer c's ping-pong turn is 1 + c, its epilogue's
   /// barrier 1 + kConsumers + c.
   static constexpr int kPingPongBarrier = 1;
