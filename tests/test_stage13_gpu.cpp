@@ -347,6 +347,27 @@ void expect_backward_pass(const std::string& name, Problem p, const Modifiers& m
     }
 }
 
+// Calls queued on one stream without a synchronisation, each with a document table of its own
+// (they go up through two pinned buffers used in turn), then each checked: Run (the forward)
+// or BackwardRun (forward and backward).
+template <class R>
+void expect_back_to_back(const std::string& what, int calls, uint64_t first_seed) {
+  std::vector<R> runs;
+  runs.reserve(size_t(calls));
+  for (int i = 0; i < calls; ++i) {
+    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
+    m.window_left = 30 + 20 * i;
+    if (i % 2) m.sinks = sink_logits(2);
+    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, first_seed + uint64_t(i));
+  }
+  for (R& r : runs) r.launch();
+  for (R& r : runs) {
+    const fa::CheckReport report = r.check();
+    INFO(what, r.m.describe(), "\n", report.summary());
+    CHECK(report.pass());
+  }
+}
+
 }  // namespace
 
 // ======================================================================================
@@ -583,22 +604,7 @@ TEST_CASE("13 hopper backward: a first document of keys only, and one at the end
 }
 
 TEST_CASE("13 hopper backward: calls queued back to back, each with its own table") {
-  // Each call uploads its own document table: three backward calls queued without a
-  // synchronisation must each read their own.
-  std::vector<BackwardRun> runs;
-  runs.reserve(3);
-  for (int i = 0; i < 3; ++i) {
-    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
-    m.window_left = 30 + 20 * i;
-    if (i % 2) m.sinks = sink_logits(2);
-    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, uint64_t(21 + i));
-  }
-  for (BackwardRun& r : runs) r.launch();
-  for (BackwardRun& r : runs) {
-    const fa::CheckReport report = r.check();
-    INFO("backward ", r.m.describe(), "\n", report.summary());
-    CHECK(report.pass());
-  }
+  expect_back_to_back<BackwardRun>("backward ", 3, 21);
 }
 
 TEST_CASE("13 hopper backward: a refusal writes nothing") {
@@ -617,22 +623,7 @@ TEST_CASE("13 hopper backward: a refusal writes nothing") {
 }
 
 TEST_CASE("13 hopper: calls queued back to back, each with its own table") {
-  // The document tables go up through two pinned buffers used in turn: five calls queued
-  // without a synchronisation must each read their own.
-  std::vector<Run> runs;
-  runs.reserve(5);
-  for (int i = 0; i < 5; ++i) {
-    Modifiers m = documents({int64_t(50 + 40 * i), 0, int64_t(200 - 30 * i)}, {int64_t(60 + 10 * i), 5, 100});
-    m.window_left = 30 + 20 * i;
-    if (i % 2) m.sinks = sink_logits(2);
-    runs.emplace_back(make(1, 2, 2, 300, 300, 128, true), m, fa::Dtype::BF16, uint64_t(11 + i));
-  }
-  for (Run& r : runs) r.launch();
-  for (Run& r : runs) {
-    const fa::CheckReport report = r.check();
-    INFO(r.m.describe(), "\n", report.summary());
-    CHECK(report.pass());
-  }
+  expect_back_to_back<Run>("", 5, 11);
 }
 
 TEST_CASE("13 hopper: a refusal writes nothing") {
