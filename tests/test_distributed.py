@@ -252,7 +252,10 @@ def main():
         return 77
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks are processes of this machine
     # fork: the children share this process's imports (fast); this process computes nothing
-    # before, so no thread pool is copied half-started.
+    # before, so no thread pool is copied half-started. torch imports symbolic_shapes (and
+    # sympy with it, 0.5 CPU-s) at a process's first backward: imported here, it is imported
+    # once instead of once per rank (9 ranks in all).
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
     ctx = mp.get_context("fork")
     passed, failed = 0, []
     for world in WORLD_SIZES:

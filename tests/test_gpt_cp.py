@@ -109,6 +109,10 @@ def main():
         print(f"skipped: the op is not built ({e})")
         return 77
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # fork: the ranks share this process's imports. torch imports torch._dynamo (about 1 CPU-s)
+    # when a process makes its first optimizer: imported here, it is imported once instead of
+    # once per rank (6 ranks in all).
+    import torch._dynamo  # noqa: F401
     ctx = mp.get_context("fork")
     failed = []
     for world in WORLD_SIZES:
