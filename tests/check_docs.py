@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import notes  # noqa: E402  (docs/notes.py: the notes' plain-Markdown format)
 import docs_render  # noqa: E402  (tests/docs_render.py: the pages in headless Chromium)
-from docs_html import LinksOnly, Page, parse, visible_text  # noqa: E402  (tests/docs_html.py)
+from docs_html import LinksOnly, Page, anchors, links, parse, visible_text  # noqa: E402  (tests/docs_html.py)
 
 LABEL_RE = re.compile(r"\{#([A-Za-z0-9_]+)\}\s*$")
 
@@ -76,7 +76,6 @@ class Checker:
         self.failures = []
         self.checked_pages = 0
         self.have_mathjax = self.have_reader = True
-        self._anchors = {}
         self._link_checked = set()
 
     def fail(self, msg):
@@ -204,14 +203,6 @@ class Checker:
                           f"the \\t of \\times eaten?) in the formula '{' '.join(formula.split())[:60]}'")
                 break
 
-    def anchors(self, page_file: Path):
-        """The ids and names a page defines (cached): the targets of page.html#anchor."""
-        key = page_file.resolve()
-        if key not in self._anchors:
-            raw = page_file.read_text(encoding="utf-8", errors="replace")
-            self._anchors[key] = set(re.findall(r'\b(?:id|name)="([^"]+)"', raw))
-        return self._anchors[key]
-
     def check_links(self, page_file: Path, page: Page):
         """Every link on a page leads somewhere: a file of the site, an anchor that exists
         there, or a URL with a web scheme (Doxygen turns text such as `file:line` into a
@@ -232,7 +223,7 @@ class Checker:
             if not path.exists():
                 self.fail(f"{page_file.name}: link to {href}, which is not in the site")
             elif anchor and path.suffix == ".html" and path.name != "reader.html" \
-                    and htmllib.unescape(anchor) not in self.anchors(path):
+                    and htmllib.unescape(anchor) not in anchors(path):
                 self.fail(f"{page_file.name}: link to {href}: {path.name} has no anchor '{anchor}'")
 
     def check_notebook_page(self, notebook: Path, main_text: str):
@@ -347,8 +338,7 @@ class Checker:
         # Every other page (the source listings, the folder pages): its links lead somewhere.
         for f in sorted(self.html.glob("*.html")):
             if f.name not in self._link_checked and f.name != "reader.html":
-                raw = f.read_text(encoding="utf-8", errors="replace")
-                self.check_links(f, LinksOnly(re.findall(r'<(?:a|img|iframe)\s[^>]*?\b(?:href|src)="([^"]*)"', raw)))
+                self.check_links(f, LinksOnly(links(f)))
 
         # No empty reference page: a "File Reference" (Doxygen writes one for a file it
         # documents, a generated note's among them) with neither a description nor a member.
@@ -366,6 +356,8 @@ class Checker:
         stage_pages += sorted(self.html.glob("concept_*.html"))
         for f in stage_pages:
             text = htmllib.unescape(re.sub(r"<[^>]*>", "", f.read_text(encoding="utf-8", errors="replace")))
+            if "LAB " not in text:
+                continue  # no marker on the page: its lines need no look (most pages)
             for line in text.splitlines():
                 code = re.sub(r"^\s*\d+\s?", "", line).strip()
                 if re.match(r"//\s*LAB (BEGIN:|END$)", code):

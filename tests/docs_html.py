@@ -1,11 +1,13 @@
 """What tests/check_docs.py reads of a page of the docs site: its code blocks, scripts and
-links (Page), the text a reader sees (Visible), both kept per file and modification time
-(tests/test_check_docs.py checks copies of the site whose unchanged pages are links to the
-same files). Python standard library only.
+links (Page), the text a reader sees (Visible), the anchors it defines and, for a page checked
+for nothing else, its links, each kept per file and modification time (tests/test_check_docs.py
+checks copies of the site whose unchanged pages are links to the same files, 16 times over).
+Python standard library only.
 """
 from __future__ import annotations
 
 import html as htmllib
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -94,13 +96,13 @@ class Visible(HTMLParser):
 
 
 class LinksOnly:
-    """A page's links found by a regular expression (pages checked for nothing else)."""
+    """A page's links found by a regular expression (pages checked for nothing else: links())."""
 
     def __init__(self, hrefs):
         self.hrefs = [htmllib.unescape(h) for h in hrefs]
 
 
-_PARSED, _VISIBLE = {}, {}
+_PARSED, _VISIBLE, _ANCHORS, _LINKS = {}, {}, {}, {}
 
 
 def _key(path: Path):
@@ -127,3 +129,23 @@ def parse(path: Path) -> Page:
         p.feed(path.read_text(encoding="utf-8", errors="replace"))
         _PARSED[key] = p
     return _PARSED[key]
+
+
+def anchors(path: Path) -> set:
+    """The ids and names the page defines, the targets of page.html#anchor (kept as parse()
+    keeps pages)."""
+    key = _key(path)
+    if key not in _ANCHORS:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+        _ANCHORS[key] = set(re.findall(r'\b(?:id|name)="([^"]+)"', raw))
+    return _ANCHORS[key]
+
+
+def links(path: Path) -> list:
+    """The targets of the page's a, img and iframe tags, found by a regular expression (kept as
+    parse() keeps pages)."""
+    key = _key(path)
+    if key not in _LINKS:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+        _LINKS[key] = re.findall(r'<(?:a|img|iframe)\s[^>]*?\b(?:href|src)="([^"]*)"', raw)
+    return _LINKS[key]
