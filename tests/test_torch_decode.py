@@ -11,8 +11,8 @@ float16 against the CPU path on the same rounded inputs, append_kv bit for bit, 
 torch.compile, a CUDA graph that captures append_kv + decode and replays them with new tokens,
 and the GPU's refusals (float32, a table or lengths on the CPU).
 
-Runs as a script (CTest python_torch_decode; exit 77 = skipped when torch is not installed) or
-under pytest. On a GPU machine, after building the gpu preset:
+Runs as a script (exit 77 = skipped when torch is not installed), with the op's other test
+files in one process (CTest python_torch: tests/torch_checks.py) or under pytest. On a GPU machine, after building the gpu preset:
 FA_LIB=build-gpu/stages/libfa_c.so python3 tests/test_torch_decode.py
 """
 import math

@@ -6,8 +6,8 @@ here, its mask built densely element by element from the definitions of common/m
 held to the FlashAttention tests' rule: at most twice the error of the same reference computed
 in the inputs' own dtype (plus a few ulps). Also gradcheck, opcheck, torch.compile, and every
 refusal. On the CPU the op runs stage 13's CPU step (float32); on a 9.x GPU its Hopper kernels
-(float16, bfloat16). Runs as a script (CTest python_torch_masks; exit 77 = skipped without
-torch) or under pytest. Keep the CPU cases small: CI has two cores.
+(float16, bfloat16). Runs as a script (exit 77 = skipped without torch), with the op's other
+test files in one process (CTest python_torch: tests/torch_checks.py) or under pytest. Keep the CPU cases small: CI has two cores.
 """
 import math
 import pathlib

@@ -8,8 +8,9 @@ Also torch.library.opcheck, torch.autograd.gradcheck, torch.compile(fullgraph=Tr
 and the GPU), strided inputs, a side stream, a CUDA graph that captures forward and backward
 and replays them on new inputs, and every refusal.
 
-Runs as a script (CTest python_torch; exit 77 = skipped when torch is not installed) or under
-pytest (skipped likewise). Without a CUDA device the CPU cases run and the GPU cases are
+Runs as a script (exit 77 = skipped when torch is not installed), with the op's other test
+files in one process (CTest python_torch: tests/torch_checks.py) or under pytest (skipped
+likewise). Without a CUDA device the CPU cases run and the GPU cases are
 reported skipped. On a GPU machine, after building the gpu preset:
 FA_LIB=build-gpu/stages/libfa_c.so python3 tests/test_torch_ops.py
 """
