@@ -26,8 +26,8 @@ By parsing the HTML (Python standard library only):
   - no page is an empty reference page (a "File Reference" with neither a description nor
     a member: Doxygen's page of a generated file).
 With headless Chromium (when installed, or --chromium yes), every page with formulas or
-figures is rendered (tests/docs_render.py: one Chromium process per core, driven over the
-DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
+figures is rendered (tests/docs_render.py: one Chromium process per core, or --browsers N,
+driven over the DevTools pipe), the notes at the width of a pane of the side-by-side reader: its formulas
 must come out as typeset MathJax without errors, no display formula clipped at the edge of
 the text column; every figure loaded, inside the text column (scaled to the page), readable
 (text at least 8 px high) and, for an SVG, not blank in a screenshot. The side-by-side reader
@@ -367,7 +367,7 @@ class Checker:
               f"folders checked")
 
     # ------------------------------------------------------------------ rendering
-    def render(self, chromium: str):
+    def render(self, chromium: str, browsers: int | None = None):
         """Every page with formulas or figures, in headless Chromium (tests/docs_render.py):
         the notes, concept, notebook and other pages at the width of a pane of the
         side-by-side reader, the results page at a window's; formulas typeset, none
@@ -384,7 +384,8 @@ class Checker:
         def open_reader(b):
             return docs_render.check_reader(b, self.html / "reader.html", stage), []
         reader = open_reader if stage and self.have_reader else None
-        results = docs_render.render_each(chromium, [(p, w) for p, w in pages if p.exists()], then=reader)
+        results = docs_render.render_each(chromium, [(p, w) for p, w in pages if p.exists()], then=reader,
+                                          workers=browsers)
         for failures, notes_ in results:
             for n in notes_:
                 if "formulas typeset" in n or "results.html" in n:
@@ -404,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--html", required=True, type=Path)
     ap.add_argument("--repo", required=True, type=Path)
     ap.add_argument("--chromium", choices=("auto", "yes", "no"), default="auto")
+    ap.add_argument("--browsers", type=int, default=None,
+                    help="Chromium processes that share the pages (default: one per core, at most 2)")
     args = ap.parse_args(argv)
     c = Checker(args.html.resolve(), args.repo.resolve())
     c.run()
@@ -411,7 +414,7 @@ def main(argv=None) -> int:
     if args.chromium == "yes" and not browser:
         c.fail("--chromium yes, but no chromium on PATH")
     elif args.chromium != "no" and browser and not c.failures:
-        c.render(browser)
+        c.render(browser, args.browsers)
     elif args.chromium == "auto" and not browser:
         print("check_docs: no chromium on PATH; rendering not checked (the HTML was)")
     for f in c.failures:

@@ -7,9 +7,8 @@ For each fault, a copy of the built site (links to its files, the changed page a
 put back after) gets the fault planted in one page, check_docs runs on it, and must fail with the message of
 that fault class. The untouched copy must pass first, so a failure is the plant's doing.
 The HTML checks run in this process (one site copy after another); the faults only a
-browser sees are planted each in its own copy and rendered (one headless Chromium per core)
-with the untouched pages they are planted in, which must pass (docs_check renders the whole
-site).
+browser sees are planted each in its own copy and rendered (in one headless Chromium) with
+the untouched pages they are planted in, which must pass (docs_check renders the whole site).
 """
 import argparse
 import contextlib
@@ -176,7 +175,9 @@ def report(problems, name, page, caught, rc, expected, out):
 
 def render_faults(problems, html: Path, site: Path, browser: str):
     """The untouched pages, then each planted copy (planted<k>_<page>, beside the pages it
-    links), rendered by one Chromium per core."""
+    links), rendered by one Chromium. (A second one, for the other core, costs about 2 CPU-s, its
+    own start and MathJax's first load among them, and saves about 1 s: the reader's faults come
+    last in one browser either way.)"""
     width = {"results.html": docs_render.PAGE_WIDTH}
     untouched = sorted({page for _, page, _, _, _ in RENDER_FAULTS})
     planted_pages = []
@@ -191,7 +192,7 @@ def render_faults(problems, html: Path, site: Path, browser: str):
     jobs = [(html / page, width.get(page, docs_render.READER_WIDTH)) for page in untouched]
     jobs += [(path, width.get(page, docs_render.READER_WIDTH)) for _, page, _, path in planted_pages]
     reader_results = []
-    results = docs_render.render_each(browser, jobs, then=lambda b: reader_results.extend(
+    results = docs_render.render_each(browser, jobs, workers=1, then=lambda b: reader_results.extend(
         reader_faults(html, site, b)) or ([], []))
     bad = [f for failures, _ in results[:len(untouched)] for f in failures]
     if bad:
